@@ -1,0 +1,49 @@
+"""Gated full attention (Qwen3.5 ``self_attn``): output gate, per-head q/k RMSNorm, partial RoPE, GQA.
+
+``q_proj`` emits, per head, the query followed by an output gate of the same width; the attention
+output is multiplied by ``sigmoid(gate)`` before ``o_proj``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mini_engine.model.batch import PackedBatch
+from mini_engine.model.config import ModelConfig
+from mini_engine.model.layers import OffsetRMSNorm, Rotary, new_linear
+from mini_engine.ops import invariant as inv
+from mini_engine.ops.attention import attention_with_prefix
+
+__all__ = ["GatedAttention"]
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.hq, self.hkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = new_linear(c.hidden_size, self.hq * self.d * 2)
+        self.k_proj = new_linear(c.hidden_size, self.hkv * self.d)
+        self.v_proj = new_linear(c.hidden_size, self.hkv * self.d)
+        self.o_proj = new_linear(self.hq * self.d, c.hidden_size)
+        self.q_norm = OffsetRMSNorm(self.d, c.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(self.d, c.rms_norm_eps)
+        self.rotary = Rotary(c)
+
+    def forward(self, h: torch.Tensor, batch: PackedBatch, past_keys: list[torch.Tensor],
+                past_values: list[torch.Tensor]):
+        """past_*: per sequence [start, Hkv, D]. Returns (output, new keys, new values) with new K/V [N, Hkv, D]."""
+        n = h.shape[0]
+        q, gate = inv.linear(h, self.q_proj.weight).reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
+        positions = batch.positions
+        q = self.rotary(self.q_norm(q), positions)
+        k = self.rotary(self.k_norm(inv.linear(h, self.k_proj.weight).reshape(n, self.hkv, self.d)), positions)
+        v = inv.linear(h, self.v_proj.weight).reshape(n, self.hkv, self.d)
+        keys = torch.cat([t for i in range(batch.size) for t in (past_keys[i], k[batch.rows(i)])])
+        values = torch.cat([t for i in range(batch.size) for t in (past_values[i], v[batch.rows(i)])])
+        key_lengths = [batch.starts[i] + batch.lengths[i] for i in range(batch.size)]
+        cu_k = torch.tensor([0, *torch.tensor(key_lengths).cumsum(0).tolist()])
+        out = attention_with_prefix(q=q, k=keys, v=values, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_k)
+        out = out.reshape(n, self.hq * self.d) * inv.sigmoid(gate.reshape(n, self.hq * self.d))
+        return inv.linear(out, self.o_proj.weight), k, v

@@ -1,0 +1,39 @@
+"""A packed forward batch: the new tokens of several sequences, concatenated, with their offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+
+__all__ = ["PackedBatch"]
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    starts: tuple[int, ...]  # absolute position of each sequence's first new token
+    lengths: tuple[int, ...]  # new tokens per sequence (>= 1)
+
+    def __post_init__(self) -> None:
+        if len(self.starts) != len(self.lengths):
+            raise ValueError(f"{len(self.starts)} starts but {len(self.lengths)} lengths")
+        for i, (start, n) in enumerate(zip(self.starts, self.lengths)):
+            if start < 0 or n < 1:
+                raise ValueError(f"sequence {i}: start must be >= 0 and length >= 1; got start={start}, length={n}")
+
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def cu_seqlens(self) -> torch.Tensor:
+        return torch.tensor([0, *accumulate(self.lengths)])
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return torch.cat([torch.arange(s, s + n) for s, n in zip(self.starts, self.lengths)])
+
+    def rows(self, i: int) -> slice:
+        lo = sum(self.lengths[:i])
+        return slice(lo, lo + self.lengths[i])

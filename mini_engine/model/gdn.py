@@ -1,0 +1,102 @@
+"""Gated DeltaNet token mixer (Qwen3.5 ``linear_attn``), chunk-exact across forward calls.
+
+Per token: a qkv projection through a depthwise causal conv (width 4) and SiLU; q and k
+L2-normalised; ``beta = sigmoid(b)``; ``g = -exp(A_log) * softplus(a + dt_bias)``; the gated delta
+rule; a gated RMSNorm with ``silu(z)``; the output projection.
+
+Each sequence's new rows are prefixed with its *pending* rows (the tokens since its last 64-token
+boundary, kept prepared in its state) so the chunked rule always starts on an absolute boundary:
+see ``mini_engine.model.state``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mini_engine.model.batch import PackedBatch
+from mini_engine.model.config import SNAPSHOT_ALIGN, ModelConfig
+from mini_engine.model.layers import GatedRMSNorm, new_linear
+from mini_engine.ops import invariant as inv
+from mini_engine.ops.causal_conv1d import causal_conv1d
+from mini_engine.ops.gated_delta_rule import chunk_gated_delta_rule
+
+__all__ = ["GatedDeltaNet", "LinearLayerState"]
+
+
+@dataclass
+class LinearLayerState:
+    """One linear layer's state for every sequence of a batch (before or after the forward)."""
+
+    conv: torch.Tensor  # [B, conv_dim, W - 1]
+    rec: torch.Tensor  # [B, Hv, K, V] at each sequence's last boundary
+    pending: list[torch.Tensor]  # per sequence [rows since boundary, pending_width]
+    boundary_conv: list[list[torch.Tensor]] | None = None  # per sequence, per boundary crossed: [conv_dim, W-1]
+    boundary_rec: list[torch.Tensor] | None = None  # per sequence: [boundaries crossed, Hv, K, V]
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.hk, self.hv = c.linear_num_key_heads, c.linear_num_value_heads
+        self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
+        self.key_dim, self.value_dim = c.linear_key_dim, c.linear_value_dim
+        self.in_proj_qkv = new_linear(c.hidden_size, c.conv_dim)
+        self.in_proj_z = new_linear(c.hidden_size, self.value_dim)
+        self.in_proj_b = new_linear(c.hidden_size, self.hv)
+        self.in_proj_a = new_linear(c.hidden_size, self.hv)
+        self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, c.linear_conv_kernel_dim, groups=c.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps)
+        self.out_proj = new_linear(self.value_dim, c.hidden_size)
+
+    def _prepare(self, h: torch.Tensor, batch: PackedBatch, conv_state: torch.Tensor):
+        """Projections and conv: returns prepared rows [N, pending_width], the gate z, conv results."""
+        mixed = inv.linear(h, self.in_proj_qkv.weight)
+        conv = causal_conv1d(x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
+                             initial_state=conv_state, activation="silu")
+        q, k, v = conv.output.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = inv.l2_normalize(q.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
+        k = inv.l2_normalize(k.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
+        beta = inv.sigmoid(inv.linear(h, self.in_proj_b.weight))
+        g = -torch.exp(self.A_log.float()) * inv.softplus(inv.linear(h, self.in_proj_a.weight) + self.dt_bias)
+        rows = torch.cat([q, k, v, g, beta], dim=-1)
+        return rows, inv.linear(h, self.in_proj_z.weight), mixed, conv.final_state
+
+    def _split(self, rows: torch.Tensor):
+        q, k, v, g, beta = rows.split([self.key_dim, self.key_dim, self.value_dim, self.hv, self.hv], dim=-1)
+        return (q.reshape(-1, self.hk, self.dk), k.reshape(-1, self.hk, self.dk),
+                v.reshape(-1, self.hv, self.dv), g, beta)
+
+    def forward(self, h: torch.Tensor, batch: PackedBatch, state: LinearLayerState):
+        rows, z, mixed, conv_final = self._prepare(h, batch, state.conv)
+        aligned = [torch.cat([state.pending[i], rows[batch.rows(i)]]) for i in range(batch.size)]
+        cu = torch.tensor([0, *torch.tensor([a.shape[0] for a in aligned]).cumsum(0).tolist()])
+        q, k, v, g, beta = self._split(torch.cat(aligned))
+        result = chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, initial_state=state.rec)
+        outputs, new_rec, new_pending, boundary_conv = [], [], [], []
+        for i in range(batch.size):
+            n_pending, n_total = state.pending[i].shape[0], aligned[i].shape[0]
+            outputs.append(result.output[cu[i] + n_pending : cu[i] + n_total])
+            crossed = result.boundary_states[i]
+            new_rec.append(crossed[-1] if crossed.shape[0] else state.rec[i])
+            new_pending.append(aligned[i][n_total - n_total % SNAPSHOT_ALIGN :])
+            boundary_conv.append(self._boundary_conv(state.conv[i], mixed[batch.rows(i)], batch.starts[i]))
+        core = torch.cat(outputs).reshape(-1, self.dv)
+        gated = self.norm(core, z.reshape(-1, self.dv)).reshape(-1, self.value_dim)
+        new_state = LinearLayerState(conv_final, torch.stack(new_rec), new_pending, boundary_conv,
+                                     result.boundary_states)
+        return inv.linear(gated, self.out_proj.weight), new_state
+
+    @staticmethod
+    def _boundary_conv(history: torch.Tensor, mixed: torch.Tensor, start: int) -> list[torch.Tensor]:
+        """Conv state (last W-1 inputs) at every 64-boundary in (start, start + n]."""
+        width_1 = history.shape[1]
+        window = torch.cat([history.t(), mixed])  # row r is absolute position start - (W-1) + r
+        first = start // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN + SNAPSHOT_ALIGN
+        return [window[p - start : p - start + width_1].t().contiguous()
+                for p in range(first, start + mixed.shape[0] + 1, SNAPSHOT_ALIGN)]

@@ -1,0 +1,125 @@
+"""The Qwen3.5-style hybrid decoder: Gated DeltaNet and gated full-attention layers, SwiGLU MLPs.
+
+``HybridModel.forward`` takes the new tokens of several sequences with each one's ``SequenceState``
+and returns, per sequence, logits, the advanced state and the snapshots at every 64-token
+boundary it crossed. Parameter names match Hugging Face's ``Qwen3_5ForCausalLM``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mini_engine.model.attention import GatedAttention
+from mini_engine.model.batch import PackedBatch
+from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN, ModelConfig
+from mini_engine.model.gdn import GatedDeltaNet, LinearLayerState
+from mini_engine.model.layers import OffsetRMSNorm, SwiGLU, new_linear
+from mini_engine.model.state import SequenceState, Snapshot
+from mini_engine.ops import invariant as inv
+
+__all__ = ["HybridModel", "StepOutput"]
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # [new tokens, vocab] if all_logits else [1, vocab] (the last token)
+    state: SequenceState
+    snapshots: list[Snapshot]  # one per 64-boundary crossed by this forward, in order
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_type: str) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == LINEAR:
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = GatedAttention(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class TextModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, t) for t in config.layer_types)
+        self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class HybridModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = TextModel(config)
+        self.lm_head = None if config.tie_word_embeddings else new_linear(config.hidden_size, config.vocab_size)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def new_state(self) -> SequenceState:
+        return SequenceState.empty(self.config)
+
+    @torch.no_grad()
+    def forward(self, tokens: list[torch.Tensor], states: list[SequenceState], *,
+                all_logits: bool = False) -> list[StepOutput]:
+        """Advance each sequence by its new ``tokens`` (1-D long tensors) from its ``state``."""
+        if len(tokens) != len(states):
+            raise ValueError(f"{len(tokens)} token tensors for {len(states)} states")
+        for t in tokens:
+            if t.dim() != 1 or not 0 <= int(t.min()) <= int(t.max()) < self.config.vocab_size:
+                raise ValueError(f"tokens must be 1-D ids in [0, {self.config.vocab_size}); got shape {tuple(t.shape)}")
+        batch = PackedBatch(tuple(s.length for s in states), tuple(t.numel() for t in tokens))
+        x = self.model.embed_tokens(torch.cat(tokens)).float()
+        linear_out, kv_out = [], []
+        for layer in self.model.layers:
+            x, produced = self._layer(layer, x, batch, states, len(linear_out), len(kv_out))
+            (linear_out if layer.layer_type == LINEAR else kv_out).append(produced)
+        x = self.model.norm(x)
+        picks = [batch.rows(i) if all_logits else slice(batch.rows(i).stop - 1, batch.rows(i).stop)
+                 for i in range(batch.size)]
+        logits = inv.linear(torch.cat([x[p] for p in picks]), self.head_weight)
+        bounds = [0, *torch.tensor([p.stop - p.start for p in picks]).cumsum(0).tolist()]
+        return [StepOutput(logits[bounds[i] : bounds[i + 1]], *self._advance(i, batch, states[i], linear_out, kv_out))
+                for i in range(batch.size)]
+
+    def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int):
+        h = layer.input_layernorm(x)
+        if layer.layer_type == LINEAR:
+            state = LinearLayerState(torch.stack([s.conv[lin_idx] for s in states]),
+                                     torch.stack([s.rec[lin_idx] for s in states]),
+                                     [s.pending[lin_idx] for s in states])
+            out, produced = layer.linear_attn(h, batch, state)
+        else:
+            out, k, v = layer.self_attn(h, batch, [s.keys[full_idx] for s in states],
+                                        [s.values[full_idx] for s in states])
+            produced = (k, v)
+        x = x + out
+        return x + layer.mlp(layer.post_attention_layernorm(x)), produced
+
+    @staticmethod
+    def _advance(i: int, batch: PackedBatch, old: SequenceState, linear_out: list[LinearLayerState],
+                 kv_out: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[SequenceState, list[Snapshot]]:
+        rows = batch.rows(i)
+        new_keys = [torch.cat([old.keys[j], k[rows]]) for j, (k, _) in enumerate(kv_out)]
+        new_values = [torch.cat([old.values[j], v[rows]]) for j, (_, v) in enumerate(kv_out)]
+        state = SequenceState(
+            length=old.length + batch.lengths[i],
+            conv=torch.stack([l.conv[i] for l in linear_out]) if linear_out else old.conv,
+            rec=torch.stack([l.rec[i] for l in linear_out]) if linear_out else old.rec,
+            pending=(torch.stack([l.pending[i] for l in linear_out]) if linear_out
+                     else old.pending.new_zeros(0, (old.length + batch.lengths[i]) % SNAPSHOT_ALIGN, 0)),
+            keys=torch.stack(new_keys) if new_keys else old.keys,
+            values=torch.stack(new_values) if new_values else old.values,
+        )
+        first = old.length // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN + SNAPSHOT_ALIGN
+        positions = range(first, state.length + 1, SNAPSHOT_ALIGN)
+        snapshots = [Snapshot(p, torch.stack([l.boundary_conv[i][b] for l in linear_out]),
+                              torch.stack([l.boundary_rec[i][b] for l in linear_out]))
+                     for b, p in enumerate(positions)] if linear_out else []
+        return state, snapshots

@@ -1,0 +1,75 @@
+"""The small pieces of a Qwen3.5 decoder layer: RMSNorms, SwiGLU MLP and partial RoPE.
+
+Parameters live in ``nn.Module``s named as in Hugging Face's implementation (so checkpoints map one
+to one); the arithmetic goes through ``mini_engine.ops.invariant`` so that it is batch-invariant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mini_engine.model.config import ModelConfig
+from mini_engine.ops import invariant as inv
+
+__all__ = ["OffsetRMSNorm", "GatedRMSNorm", "SwiGLU", "Rotary", "new_linear"]
+
+
+def new_linear(n_in: int, n_out: int) -> nn.Linear:
+    """A bias-free weight holder; forward passes call ``inv.linear`` on its ``weight``."""
+    return nn.Linear(n_in, n_out, bias=False)
+
+
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm scaled by ``(1 + weight)``: zero weights are the identity scale (Qwen3.5 convention)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return inv.rms_norm(x, self.eps) * (1.0 + self.weight)
+
+
+class GatedRMSNorm(nn.Module):
+    """``weight * rmsnorm(x) * silu(gate)``: the GDN output norm (plain weight, no offset)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return self.weight * inv.rms_norm(x, self.eps) * inv.silu(gate)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = new_linear(hidden, intermediate)
+        self.up_proj = new_linear(hidden, intermediate)
+        self.down_proj = new_linear(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = inv.silu(inv.linear(x, self.gate_proj.weight)) * inv.linear(x, self.up_proj.weight)
+        return inv.linear(hidden, self.down_proj.weight)
+
+
+class Rotary:
+    """Rotate-half RoPE on the first ``rotary_dim`` channels of each head; the rest pass through."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        dim = config.rotary_dim
+        self.dim = dim
+        self.inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [N, heads, head_dim]; positions: [N] absolute positions."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
+        cos, sin = angles.cos(), angles.sin()
+        rot, rest = x[..., : self.dim], x[..., self.dim :]
+        half = self.dim // 2
+        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        return torch.cat([rot * cos + rotated * sin, rest], dim=-1)

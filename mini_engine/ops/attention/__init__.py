@@ -1,0 +1,5 @@
+"""Causal attention of new queries over a cached prefix plus new keys (prefill and decode alike)."""
+
+from mini_engine.ops.attention.reference import TILE, attention_with_prefix
+
+__all__ = ["TILE", "attention_with_prefix"]

@@ -1,0 +1,3 @@
+"""reports: statistics, tables, plots and rendered reports of hit-corruption rates (DESIGN.md §7)."""
+
+__all__: list[str] = []
