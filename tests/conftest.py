@@ -1,0 +1,25 @@
+"""Shared fixtures. ``fla`` is blocked before anything imports ``transformers`` (its GPU kernels break CPU)."""
+
+import sys
+
+sys.modules.setdefault("fla", None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from mini_engine.model import ByteTokenizer, build_builtin  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return build_builtin("tiny-random")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return ByteTokenizer()
+
+
+@pytest.fixture
+def rng():
+    return torch.Generator().manual_seed(1234)
