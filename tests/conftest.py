@@ -1,5 +1,6 @@
 """Shared fixtures. ``fla`` is blocked before anything imports ``transformers`` (its GPU kernels break CPU)."""
 
+import os
 import sys
 
 sys.modules.setdefault("fla", None)
@@ -8,6 +9,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from mini_engine.model import ByteTokenizer, build_builtin  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One intra-op thread per xdist worker: two workers with two OpenMP threads each on two cores
+    # spin against each other and run the small-op model several times slower.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
