@@ -1,0 +1,85 @@
+"""``cuda``: the same interface on real ``torch.cuda`` streams and events.
+
+Kernels run their ``fn`` at once under the stream's context, so the GPU orders them exactly as the
+sim would have to: by stream order and recorded events only. Device tensors shared across streams
+are allocated up front by the engine (pools), so the caching allocator never recycles memory that
+another stream still reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mini_engine.device.base import Device, DeviceError, Event, OpRecord, Stream
+
+__all__ = ["CudaDevice"]
+
+
+class CudaDevice(Device):
+    name = "cuda"
+
+    def __init__(self, index: int = 0) -> None:
+        super().__init__()
+        if not torch.cuda.is_available():
+            raise DeviceError("the cuda device needs a CUDA build of torch and a GPU; use device='sim' on CPU")
+        self.torch_device = torch.device("cuda", index)
+        self._streams: dict[str, tuple[Stream, torch.cuda.Stream]] = {}
+        self._events: dict[int, torch.cuda.Event] = {}
+        self._seq = 0
+
+    def stream(self, name: str) -> Stream:
+        if name not in self._streams:
+            handle = torch.cuda.Stream(device=self.torch_device)
+            self._streams[name] = (Stream(name, len(self._streams)), handle)
+        return self._streams[name][0]
+
+    def _handle(self, stream: Stream) -> torch.cuda.Stream:
+        if stream.name not in self._streams:
+            raise DeviceError(f"stream {stream.name!r} does not belong to this device")
+        return self._streams[stream.name][1]
+
+    def new_event(self) -> Event:
+        event = Event(len(self._events) + 1)
+        self._events[event.index] = torch.cuda.Event()
+        return event
+
+    def record(self, event: Event, stream: Stream) -> None:
+        event.stream = stream
+        self._events[event.index].record(self._handle(stream))
+
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        if event.stream is not None:
+            self._handle(stream).wait_event(self._events[event.index])
+
+    def launch(self, stream: Stream, fn: Callable[[], None], *, label: str) -> None:
+        with torch.cuda.stream(self._handle(stream)):
+            fn()
+        self._issued(stream, label, "kernel")
+
+    def copy(self, stream: Stream, dst: torch.Tensor, src: torch.Tensor, *, label: str) -> None:
+        with torch.cuda.stream(self._handle(stream)):
+            dst.copy_(src, non_blocking=True)
+        self._issued(stream, label, "copy")
+
+    def readback(self, stream: Stream, src: torch.Tensor, *, label: str) -> torch.Tensor:
+        handle = self._handle(stream)
+        with torch.cuda.stream(handle):
+            host = src.detach().to("cpu", non_blocking=False)
+        handle.synchronize()
+        return host
+
+    def synchronize(self, stream: Stream | None = None) -> None:
+        if stream is None:
+            torch.cuda.synchronize(self.torch_device)
+        else:
+            self._handle(stream).synchronize()
+
+    def is_complete(self, event: Event) -> bool:
+        return event.stream is None or self._events[event.index].query()
+
+    def _issued(self, stream: Stream, label: str, kind: str) -> None:
+        """On CUDA, observers learn of ops when they are issued (the GPU does not report runs)."""
+        self._seq += 1
+        self._notify(OpRecord(self._seq, stream.name, label, kind))
