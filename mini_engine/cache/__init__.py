@@ -1,0 +1,1 @@
+"""Cache bookkeeping in plain Python (no torch): slot and page allocators, the hybrid radix tree."""
