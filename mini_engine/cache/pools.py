@@ -19,12 +19,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from mini_engine.constants import SNAPSHOT_ALIGN
+
 __all__ = ["Owner", "SlotPool", "PagePool", "PoolExhausted", "OwnershipError", "IntegrityError"]
 
 KINDS = ("request", "tree")
 SLOT_ROLES = ("live", "pingpong", "snapshot")
 PAGE_ROLE = "kv"
-SNAPSHOT_ALIGN = 64  # GDN chunk size: a page must never straddle a snapshot boundary
 
 
 class PoolExhausted(RuntimeError):

@@ -9,11 +9,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ModelConfig", "LINEAR", "FULL"]
+from mini_engine.constants import SNAPSHOT_ALIGN
+
+__all__ = ["ModelConfig", "LINEAR", "FULL", "SNAPSHOT_ALIGN"]
 
 LINEAR = "linear_attention"
 FULL = "full_attention"
-SNAPSHOT_ALIGN = 64  # GDN chunk size: snapshots and prefill chunks sit on multiples of it
+
 
 
 @dataclass(frozen=True)
