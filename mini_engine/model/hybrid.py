@@ -71,9 +71,11 @@ class HybridModel(nn.Module):
         """Advance each sequence by its new ``tokens`` (1-D long tensors) from its ``state``."""
         if len(tokens) != len(states):
             raise ValueError(f"{len(tokens)} token tensors for {len(states)} states")
-        for t in tokens:
-            if t.dim() != 1 or not 0 <= int(t.min()) <= int(t.max()) < self.config.vocab_size:
-                raise ValueError(f"tokens must be 1-D ids in [0, {self.config.vocab_size}); got shape {tuple(t.shape)}")
+        for t, state in zip(tokens, states):
+            if t.dim() != 1 or t.numel() == 0 or not 0 <= int(t.min()) <= int(t.max()) < self.config.vocab_size:
+                raise ValueError(f"tokens must be non-empty 1-D ids in [0, {self.config.vocab_size}); "
+                                 f"got shape {tuple(t.shape)}")
+            state.check()
         batch = PackedBatch(tuple(s.length for s in states), tuple(t.numel() for t in tokens))
         x = self.model.embed_tokens(torch.cat(tokens)).float()
         linear_out, kv_out = [], []

@@ -1,5 +1,6 @@
 """Exactness, the oracle's foundation (DESIGN.md §3): hits, decode steps and batch company change no bit."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -82,3 +83,15 @@ def test_any_chunking_of_a_prompt_is_exact(tiny_model, cuts, seed):
     assert torch.equal(out.logits, whole.logits)
     assert torch.equal(state.rec, whole.state.rec) and torch.equal(state.pending, whole.state.pending)
     assert torch.equal(state.keys, whole.state.keys)
+
+
+def test_forward_rejects_bad_tokens_and_inconsistent_state(tiny_model):
+    """Empty or out-of-vocabulary tokens and a state whose tensors disagree with its length are errors."""
+    with pytest.raises(ValueError, match="non-empty 1-D ids"):
+        tiny_model([torch.tensor([], dtype=torch.long)], [tiny_model.new_state()])
+    with pytest.raises(ValueError, match="non-empty 1-D ids"):
+        tiny_model([torch.tensor([1, 9999])], [tiny_model.new_state()])
+    state = tiny_model([prompt(10, 8)], [tiny_model.new_state()])[0].state
+    state.length = 11
+    with pytest.raises(ValueError, match="pending rows"):
+        tiny_model([prompt(1, 9)], [state])
