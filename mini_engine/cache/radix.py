@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import NamedTuple
 
-from mini_engine.cache.radix_integrity import TreeIntegrityError, check_tree, require
+from mini_engine.cache.radix_integrity import TreeIntegrityError, check_tree
 from mini_engine.constants import SNAPSHOT_ALIGN
 
 __all__ = ["SNAPSHOT_ALIGN", "EvictResult", "InsertResult", "MatchResult", "RadixNode", "RadixTree",

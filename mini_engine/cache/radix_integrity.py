@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mini_engine.cache.radix import RadixNode, RadixTree
+    from mini_engine.cache.radix import ChildKey, RadixNode, RadixTree
 
 __all__ = ["TreeIntegrityError", "check_tree", "require"]
 
@@ -54,12 +54,14 @@ def check_tree(tree: RadixTree) -> None:
     require(locks == tree._locks_outstanding, f"snapshot locks in the tree sum to {locks} but "
              f"{tree._locks_outstanding} lock() calls are outstanding (a locked node was lost)")
 
+
 def _check_link(tree: RadixTree, parent: RadixNode, key: ChildKey, child: RadixNode) -> None:
     require(child.parent is parent, f"{child!r} is a child of {parent!r} but links to {child.parent!r}")
     require(key == tree._key_of(child), f"{child!r} is keyed {key} but its span starts "
              f"{tree._key_of(child)}")
     require(parent is tree._root or child.extra_key == parent.extra_key,
              f"{child!r} has extra_key {child.extra_key!r} under {parent!r}")
+
 
 def _check_node(tree: RadixTree, node: RadixNode, end: int) -> None:
     size, below = tree.page_size, sum(child.full_lock for child in node.children.values())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mini_engine.device import DeviceError, SimDevice, make_device
+from mini_engine.device import SimDevice, make_device
 
 
 def trace(device):
