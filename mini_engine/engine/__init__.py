@@ -1,0 +1,1 @@
+"""The engine: device state storage, model runner, cache manager, scheduler and the embedded API."""
