@@ -1,0 +1,187 @@
+"""The hybrid cache manager: admission, restore, track-snapshot commits, finish donation, abort.
+
+Lifecycle of a request's cache state (DESIGN.md §3)::
+
+    admit:   match -> lock node -> alloc live + 2 ping-pong slots + pages -> restore (or clear) live
+    forward: each forward crossing a 64-boundary writes that state into the next ping-pong slot
+    commit:  when that forward's results are processed, donate the snapshot (+ pages) to the tree
+    finish:  donate the final snapshot, unlock, free what the request owns
+    abort:   unlock, free everything, donate nothing that was not already committed
+
+Donation policies: ``copy`` (the fix of the first seed) clones the ping-pong slot into a fresh tree
+slot on the compute stream, behind the forward that wrote it; the request keeps its slots.
+``transfer`` (the original design) hands the slot id itself to the tree and gives the request a
+replacement; at finish the tree takes the *live* slot when the final length is a 64-multiple
+(zero-copy) — a batch already built under overlap still names that id.
+
+All slot writes are issued on the compute stream, so the device's stream order is the barrier
+between a donation and every earlier write to its source.
+"""
+
+from __future__ import annotations
+
+from mini_engine.cache import Owner, PagePool, RadixTree, SlotPool
+from mini_engine.constants import SNAPSHOT_ALIGN
+from mini_engine.device import Device, Stream
+from mini_engine.engine.config import EngineConfig
+from mini_engine.engine.request import Commit, Request
+from mini_engine.engine.storage import StateStorage
+from mini_engine.instrument import Instrumentation
+
+__all__ = ["CacheManager", "TREE_PAGES", "TREE_SLOTS"]
+
+TREE_PAGES = Owner("tree", 0, "kv")
+TREE_SLOTS = Owner("tree", 0, "snapshot")
+
+
+def _owner(request: Request, role: str) -> Owner:
+    return Owner("request", request.rid, role)
+
+
+class CacheManager:
+    def __init__(self, config: EngineConfig, states: StateStorage, device: Device, stream: Stream,
+                 instrumentation: Instrumentation) -> None:
+        self.config = config
+        self.slots = SlotPool(config.num_slots)
+        self.pages = PagePool(config.num_pages, config.page_size)
+        self.tree = RadixTree(config.page_size)
+        self.states, self.device, self.stream, self.events = states, device, stream, instrumentation
+        self.evictions = 0
+
+    # -- admission ---------------------------------------------------------------------------
+    def try_admit(self, request: Request) -> bool:
+        """Match, lock, allocate and queue the restore. False (nothing held) when memory is short."""
+        match = self._match(request)
+        need_pages = self.pages.pages_for_tokens(request.total_len + request.params.max_tokens)
+        new_pages = need_pages - len(match.page_ids)
+        if not self._ensure(pages=new_pages, slots=3):
+            return False
+        self.tree.lock(match.node)
+        request.match_node, request.cached_len, request.restore_slot = match.node, match.cached_len, match.snapshot_slot
+        request.live_slot = self.slots.alloc(_owner(request, "live"))
+        request.pingpong = [self.slots.alloc(_owner(request, "pingpong")) for _ in range(2)]
+        for page in match.page_ids:
+            self.pages.retain(page, _owner(request, "kv"))
+        request.pages = list(match.page_ids) + list(self.pages.alloc(_owner(request, "kv"), new_pages))
+        request.scheduled_len = match.cached_len
+        self._restore(request)
+        return True
+
+    def _match(self, request: Request):
+        if not self.config.enable_cache:
+            return self.tree.match([], request.extra_key)
+        return self.tree.match(request.prompt[:-1], request.extra_key)  # always compute >= 1 token
+
+    def _restore(self, request: Request) -> None:
+        live, source = request.live_slot, request.restore_slot
+        if source is None:
+            self.device.launch(self.stream, lambda: self.states.clear_slot(live), label=f"clear:{live}")
+            return
+        self.device.launch(self.stream, lambda: self.states.copy_slot(live, source), label=f"restore:{source}->{live}")
+        self.events.emit("restore", rid=request.rid, src=source, dst=live, position=request.cached_len)
+
+    def _ensure(self, *, pages: int, slots: int) -> bool:
+        """Evict from the tree until ``pages`` pages and ``slots`` slots are free; False if impossible."""
+        short_pages = max(0, pages - self.pages.free_count)
+        short_slots = max(0, slots - self.slots.free_count)
+        if short_pages or short_slots:
+            result = self.tree.evict(pages_needed=short_pages, snapshots_needed=short_slots)
+            self._release_tree(result.freed_pages, result.freed_slots)
+        return self.pages.free_count >= pages and self.slots.free_count >= slots
+
+    def _release_tree(self, pages, slots) -> None:
+        for page in pages:
+            self.pages.release(page, TREE_PAGES)
+        for slot in slots:
+            self.slots.free(slot, TREE_SLOTS)
+        if pages or slots:
+            self.evictions += 1
+            self.events.emit("evict", pages=list(pages), slots=list(slots))
+
+    # -- forwards ----------------------------------------------------------------------------
+    def track_target(self, request: Request, start: int, length: int) -> Commit | None:
+        """The ping-pong slot a forward over [start, start+length) writes its deepest boundary into."""
+        deepest = (start + length) // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN
+        if deepest <= start:
+            return None
+        slot = request.pingpong[request.next_pingpong]
+        request.next_pingpong ^= 1
+        return Commit(deepest, slot)
+
+    # -- donation ----------------------------------------------------------------------------
+    def commit(self, request: Request, commit: Commit) -> None:
+        """Donate a processed track snapshot and the pages before it to the tree."""
+        request.last_commit = commit
+        if not self.config.enable_cache:
+            return
+        tokens = request.tokens()[: commit.position]
+        if self.tree.match(tokens, request.extra_key).cached_len == commit.position:
+            return  # the tree has this snapshot already
+        if self.config.donate_policy == "copy":
+            self._donate(request, tokens, self._clone(commit.slot))
+        else:
+            self._donate_transfer(request, tokens, commit.slot, "pingpong")
+
+    def _clone(self, source: int) -> int | None:
+        if not self._ensure(pages=0, slots=1):
+            return None
+        clone = self.slots.alloc(TREE_SLOTS)
+        self.device.launch(self.stream, lambda: self.states.copy_slot(clone, source), label=f"clone:{source}->{clone}")
+        self.events.emit("clone", src=source, dst=clone)
+        return clone
+
+    def _donate_transfer(self, request: Request, tokens: list[int], slot: int, role: str) -> None:
+        owner = _owner(request, role)
+        self.slots.transfer(slot, owner, TREE_SLOTS)
+        self._donate(request, tokens, slot)
+        replacement = self.slots.alloc(owner) if self.slots.free_count or self._ensure(pages=0, slots=1) else None
+        if role == "live":
+            request.live_slot = replacement or 0
+        else:
+            request.pingpong[request.pingpong.index(slot)] = replacement or 0
+
+    def _donate(self, request: Request, tokens: list[int], slot: int | None) -> None:
+        pages = request.pages[: len(tokens) // self.config.page_size]
+        result = self.tree.insert(tokens, request.extra_key, pages, slot)
+        for page in result.new_pages:
+            self.pages.retain(page, TREE_PAGES)
+        if slot is not None and not result.snapshot_stored:
+            self.slots.free(slot, TREE_SLOTS)
+        self.events.emit("donate", rid=request.rid, slot=slot, position=len(tokens),
+                         stored=result.snapshot_stored, policy=self.config.donate_policy)
+
+    def finish(self, request: Request) -> None:
+        """Donate the final snapshot (policy-dependent), then release everything the request holds."""
+        final = request.scheduled_len if request.scheduled_len == request.total_len else None
+        if (self.config.enable_cache and self.config.donate_policy == "transfer" and final
+                and final % SNAPSHOT_ALIGN == 0):
+            tokens = request.tokens()[:final]
+            if self.tree.match(tokens, request.extra_key).cached_len != final:
+                self._donate_transfer(request, tokens, request.live_slot, "live")
+        self.release(request)
+
+    def release(self, request: Request) -> None:
+        """Unlock and free everything the request owns (abort, or after finish donation). Donates nothing."""
+        if request.match_node is not None:
+            self.tree.unlock(request.match_node)
+            request.match_node = None
+        for slot in self.slots.slots_of("request", request.rid):
+            self.slots.free(slot, self.slots.owner_of(slot))
+        for page in self.pages.pages_of("request", request.rid):
+            self.pages.release(page, _owner(request, "kv"))
+        request.pages, request.pingpong, request.live_slot = [], [], 0
+
+    def check_integrity(self) -> None:
+        """Pools, tree and their agreement: every tree page/slot is held by the tree owner."""
+        self.tree.check_integrity()
+        self.slots.check_integrity()
+        self.pages.check_integrity()
+        tree_slots = set(self.tree.snapshot_slots())
+        owned = set(self.slots.slots_of("tree", 0))
+        if tree_slots != owned:
+            raise AssertionError(f"tree snapshot slots {sorted(tree_slots)} != slots owned by the tree {sorted(owned)}")
+        tree_pages = set(self.tree.pages())
+        held = set(self.pages.pages_of("tree", 0))
+        if tree_pages != held:
+            raise AssertionError(f"tree pages {sorted(tree_pages ^ held)} disagree with the page pool's tree holder")
+

@@ -1,0 +1,45 @@
+"""Engine configuration, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mini_engine.constants import SNAPSHOT_ALIGN
+
+__all__ = ["DONATE_POLICIES", "EngineConfig"]
+
+DONATE_POLICIES = ("copy", "transfer")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # built-in name (default tiny-random) or checkpoint folder
+    device: str = "sim"
+    device_seed: int = 0
+    page_size: int = 16
+    num_pages: int = 1024
+    num_slots: int = 96
+    max_running: int = 8
+    prefill_chunk: int = 128  # tokens per prefill forward; a multiple of 64 (chunks align to 64)
+    overlap: bool = False  # build batch N+1 while batch N runs
+    enable_cache: bool = True
+    donate_policy: str = "copy"  # "copy": tree gets a private clone; "transfer": tree takes the slot id
+    max_context: int = 4096
+    threads: int | None = 1  # torch intra-op threads; small ops lose badly to oversubscription
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1 or SNAPSHOT_ALIGN % self.page_size:
+            raise ValueError(f"EngineConfig.page_size={self.page_size} must divide {SNAPSHOT_ALIGN}")
+        if self.prefill_chunk < SNAPSHOT_ALIGN or self.prefill_chunk % SNAPSHOT_ALIGN:
+            raise ValueError(f"EngineConfig.prefill_chunk={self.prefill_chunk} must be a positive multiple "
+                             f"of {SNAPSHOT_ALIGN}")
+        if self.donate_policy not in DONATE_POLICIES:
+            raise ValueError(f"EngineConfig.donate_policy={self.donate_policy!r}; allowed: {DONATE_POLICIES}")
+        for name in ("num_pages", "num_slots", "max_running", "max_context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1; got {getattr(self, name)}")
+        if self.num_slots < 3 * self.max_running:
+            raise ValueError(f"EngineConfig.num_slots={self.num_slots} must be >= 3 * max_running "
+                             f"({3 * self.max_running}): each running request holds a live and two ping-pong slots")
+        if self.device not in ("sim", "cuda"):
+            raise ValueError(f"EngineConfig.device must be 'sim' or 'cuda'; got {self.device!r}")

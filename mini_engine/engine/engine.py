@@ -1,0 +1,174 @@
+"""The embedded engine: submit, step, stream, abort — in virtual time.
+
+``step()`` is one scheduler iteration and reads like the design::
+
+    apply the actions scheduled for this step (submissions, aborts)
+    admit queued requests            (match, lock, allocate, restore)
+    build the next batch             (prefill chunks and decode steps)
+    launch it; process the previous  (overlap) -- or launch and process it (no overlap)
+    let the device make progress     (sim: a seeded number of queued ops)
+
+Nothing depends on wall time: a run is a function of the submissions, the steps they arrive at and
+the device seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mini_engine.device import make_device
+from mini_engine.engine.cache_manager import CacheManager
+from mini_engine.engine.config import EngineConfig
+from mini_engine.engine.request import Request, SamplingParams, Status
+from mini_engine.engine.runner import Batch, ModelRunner
+from mini_engine.engine.scheduler import Scheduler
+from mini_engine.engine.storage import KVStorage, StateStorage
+from mini_engine.instrument import Instrumentation, Sink
+from mini_engine.model import ByteTokenizer, HybridModel, load_model
+
+__all__ = ["Engine", "RequestResult"]
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    rid: str
+    prompt_tokens: int
+    output_ids: tuple[int, ...]
+    finish_reason: str | None  # "stop" | "length" | "abort" | None (still running)
+    cached_tokens: int
+    cache_key: str  # digest of (extra key, prompt): what the cache was asked for
+    restored_slot: int | None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, *, model: HybridModel | None = None,
+                 sink: Sink | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.model = model if model is not None else load_model(config.model)
+        self.tokenizer = ByteTokenizer()
+        self.device = make_device(config.device, seed=config.device_seed)
+        self.compute = self.device.stream("compute")
+        self.events = Instrumentation(sink)
+        self.states = StateStorage(self.model.config, config.num_slots, self.device)
+        self.kv = KVStorage(self.model.config, config.num_pages, config.page_size, self.device)
+        self.cache = CacheManager(config, self.states, self.device, self.compute, self.events)
+        self.scheduler = Scheduler(config, self.cache)
+        self.runner = ModelRunner(self.model, self.states, self.kv, self.device, self.compute)
+        self.requests: dict[str, Request] = {}
+        self.steps = 0
+        self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)
+        self._in_flight: Batch | None = None
+        self._ids = itertools.count()
+
+    # -- the embedded API ----------------------------------------------------------------------
+    def submit(self, prompt: list[int] | str, params: SamplingParams | None = None, *, rid: str | None = None,
+               extra_key: str = "", at_step: int | None = None) -> str:
+        """Queue a request (now, or when step ``at_step`` begins); returns its id."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        rid = rid or f"req-{next(self._ids)}"
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        params = params or SamplingParams()
+        if len(ids) + params.max_tokens > self.config.max_context:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                             f"context of {self.config.max_context}")
+        request = Request(rid, ids, params, extra_key, arrival_step=self.steps if at_step is None else at_step)
+        self.requests[rid] = request
+        self._at(at_step, lambda: self.scheduler.waiting.append(request))
+        return rid
+
+    def abort(self, rid: str, *, at_step: int | None = None) -> None:
+        """Abort a request at any phase (queued, mid-prefill, mid-decode): frees all it holds."""
+        if rid not in self.requests:
+            raise KeyError(f"unknown request id {rid!r}")
+        self._at(at_step, lambda: self._abort_now(self.requests[rid]))
+
+    def step(self) -> None:
+        self.events.step = self.steps
+        for action in self._actions.pop(self.steps, []):
+            action()
+        self.scheduler.admit()
+        items = self.scheduler.plan()
+        launched = self.runner.launch(items) if items else None
+        if self.config.overlap:
+            previous, self._in_flight = self._in_flight, launched
+            if previous is not None:
+                self._process(previous)
+        elif launched is not None:
+            self._process(launched)
+        self.device.progress()
+        self.steps += 1
+
+    def run(self, max_steps: int = 100_000) -> None:
+        """Step until every request is done and nothing is scheduled or in flight."""
+        for _ in range(max_steps):
+            if self.idle():
+                return
+            self.step()
+        raise RuntimeError(f"engine still busy after {max_steps} steps")
+
+    def idle(self) -> bool:
+        return (not self._actions and not self.scheduler.waiting and not self.scheduler.running
+                and self._in_flight is None)
+
+    def tokens(self, rid: str) -> list[int]:
+        """Tokens streamed so far for ``rid``."""
+        return list(self.requests[rid].outputs)
+
+    def result(self, rid: str) -> RequestResult:
+        r = self.requests[rid]
+        key = hashlib.blake2b(repr((r.extra_key, r.prompt)).encode(), digest_size=8).hexdigest()
+        return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key, r.restore_slot)
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _at(self, step: int | None, action: Callable[[], None]) -> None:
+        if step is None or step <= self.steps:
+            action()
+        else:
+            self._actions[step].append(action)
+
+    def _process(self, batch: Batch) -> None:
+        sampled = self.device.readback(self.compute, batch.sampled, label=f"tokens#{batch.index}").tolist()
+        for item, token in zip(batch.items, sampled):
+            request = item.request
+            request.in_flight -= 1
+            if request.done:
+                continue  # finished or aborted while this batch was in flight: its work is discarded
+            if item.track is not None:
+                self.cache.commit(request, item.track)
+            if item.sample:
+                self._accept(request, token)
+
+    def _accept(self, request: Request, token: int) -> None:
+        request.outputs.append(token)
+        if token in request.params.stop_token_ids:
+            self._finish(request, "stop")
+        elif len(request.outputs) >= request.params.max_tokens:
+            self._finish(request, "length")
+
+    def _finish(self, request: Request, reason: str) -> None:
+        request.status, request.finish_reason = Status.FINISHED, reason
+        self.cache.finish(request)
+        self.scheduler.retire(request)
+
+    def _abort_now(self, request: Request) -> None:
+        if request.done:
+            return
+        if request in self.scheduler.waiting:
+            self.scheduler.waiting.remove(request)
+        elif request.status is Status.RUNNING:
+            self.cache.release(request)
+            self.scheduler.retire(request)
+        request.status, request.finish_reason = Status.ABORTED, "abort"
+        self.events.emit("abort", rid=request.rid)

@@ -1,0 +1,79 @@
+"""A request and its sampling parameters, validated on construction; its cache bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from mini_engine.cache.radix import RadixNode
+
+__all__ = ["Commit", "Request", "SamplingParams", "Status"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0: greedy
+    seed: int = 0  # seeded sampling: token i of a request is drawn with a generator seeded (seed, position)
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1; got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+
+
+class Status(Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A track snapshot written by a forward: the state at ``position`` (a 64-multiple) in ``slot``."""
+
+    position: int
+    slot: int
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    extra_key: str = ""
+    arrival_step: int = 0
+    status: Status = Status.QUEUED
+    outputs: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    # cache bookkeeping (host side)
+    match_node: RadixNode | None = None
+    cached_len: int = 0
+    restore_slot: int | None = None
+    live_slot: int = 0
+    pingpong: list[int] = field(default_factory=list)
+    next_pingpong: int = 0
+    pages: list[int] = field(default_factory=list)
+    scheduled_len: int = 0  # tokens whose forward has been *built* (ahead of results under overlap)
+    scheduled_samples: int = 0
+    last_commit: Commit | None = None
+    in_flight: int = 0  # batches built but not yet processed that include this request
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError(f"request {self.rid!r}: the prompt must hold at least one token")
+
+    @property
+    def done(self) -> bool:
+        return self.status in (Status.FINISHED, Status.ABORTED)
+
+    @property
+    def total_len(self) -> int:
+        """Prompt plus the tokens generated so far."""
+        return len(self.prompt) + len(self.outputs)
+
+    def tokens(self) -> list[int]:
+        return self.prompt + self.outputs

@@ -1,0 +1,92 @@
+"""The model runner: turns a batch plan into one device op that gathers, computes and scatters.
+
+Everything the forward reads — slots, pages, the token a decode step feeds — is read when the op
+*runs* on the device, not when it was built: under overlap scheduling a batch built before a
+donation still names the slot ids it was built with, exactly as a real engine's would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mini_engine.device import Device, Event, Stream
+from mini_engine.engine.request import Commit, Request
+from mini_engine.engine.storage import KVStorage, StateStorage
+from mini_engine.model import HybridModel, SequenceState
+
+__all__ = ["Batch", "BatchItem", "ModelRunner"]
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    request: Request
+    start: int  # absolute position of the first token fed
+    length: int  # tokens fed
+    tokens: torch.Tensor | None  # prompt tokens (host); None: feed next_token[live_slot] (decode)
+    live_slot: int
+    pages: tuple[int, ...]  # page table at build time
+    sample: bool  # sample a token after the last position
+    track: Commit | None  # where this forward writes the deepest 64-boundary snapshot
+
+
+@dataclass
+class Batch:
+    index: int
+    items: list[BatchItem]
+    sampled: torch.Tensor  # device [len(items)] long, valid where item.sample
+    done: Event
+
+
+class ModelRunner:
+    def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
+                 stream: Stream) -> None:
+        self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
+        self._batches = 0
+
+    def launch(self, items: list[BatchItem]) -> Batch:
+        """Queue the forward of ``items`` on the compute stream; returns at once."""
+        self._batches += 1
+        batch = Batch(self._batches, items, self.device.zeros(len(items), dtype=torch.long), self.device.new_event())
+        self.device.launch(self.stream, lambda: self._forward(batch), label=f"forward#{batch.index}")
+        self.device.record(batch.done, self.stream)
+        return batch
+
+    def _forward(self, batch: Batch) -> None:
+        items = batch.items
+        tokens = [it.tokens if it.tokens is not None else self.states.next_token[it.live_slot].reshape(1).clone()
+                  for it in items]
+        states = [self._gather(it) for it in items]
+        outputs = self.model(tokens, states)
+        for i, (it, out) in enumerate(zip(items, outputs)):
+            self.states.write(it.live_slot, out.state)
+            new = slice(it.start, it.start + it.length)
+            self.kv.scatter(list(it.pages), it.start, out.state.keys[:, new], out.state.values[:, new])
+            if it.track is not None and out.snapshots:
+                self._write_snapshot(it.track.slot, out.snapshots[-1])
+            if it.sample:
+                token = self._sample(out.logits[-1], it.request, it.start + it.length)
+                batch.sampled[i] = token
+                self.states.next_token[it.live_slot] = token
+
+    def _gather(self, it: BatchItem) -> SequenceState:
+        conv, rec, pending = self.states.read(it.live_slot, it.start)
+        keys, values = self.kv.gather(list(it.pages), it.start)
+        return SequenceState(it.start, conv, rec, pending, keys, values)
+
+    def _write_snapshot(self, slot: int, snapshot) -> None:
+        self.states.conv[slot].copy_(snapshot.conv)
+        self.states.rec[slot].copy_(snapshot.rec)
+        self.states.pending[slot].zero_()
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, request: Request, position: int) -> int:
+        params = request.params
+        if params.temperature == 0:
+            return int(logits.argmax())
+        scaled = logits / params.temperature
+        probs = torch.exp(scaled - scaled.max())
+        probs = probs / probs.sum()
+        gen = torch.Generator().manual_seed(params.seed * 1_000_003 + position)
+        return int(torch.multinomial(probs, 1, generator=gen))

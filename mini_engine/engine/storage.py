@@ -1,0 +1,86 @@
+"""Device-resident state: the linear-state slot pool and the paged KV pool, as tensors.
+
+The allocators (``mini_engine.cache.pools``) decide *which* ids; this module holds *what* the ids
+point at and moves it, only ever from inside device ops (so ordering is the device's).
+
+A slot holds one sequence's full Gated DeltaNet state in chunk-exact form (see
+``mini_engine.model.state``): the conv inputs at its length, the recurrent state at its last
+64-token boundary and the prepared rows since. A snapshot slot at a 64-multiple has no pending rows.
+Slot 0 is the padding sink.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mini_engine.constants import SNAPSHOT_ALIGN
+from mini_engine.device import Device
+from mini_engine.model import ModelConfig, SequenceState
+from mini_engine.model.state import pending_width
+
+__all__ = ["KVStorage", "StateStorage"]
+
+
+class StateStorage:
+    """``conv[S, L, C, W-1]``, ``rec[S, L, Hv, K, V]``, ``pending[S, L, 63, width]`` in float32."""
+
+    def __init__(self, config: ModelConfig, n_slots: int, device: Device) -> None:
+        n_lin = len(config.linear_layers)
+        shape = (n_slots + 1, n_lin)
+        self.conv = device.zeros(*shape, config.conv_dim, config.linear_conv_kernel_dim - 1)
+        self.rec = device.zeros(*shape, config.linear_num_value_heads, config.linear_key_head_dim,
+                                config.linear_value_head_dim)
+        self.pending = device.zeros(*shape, SNAPSHOT_ALIGN - 1, pending_width(config))
+        self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
+
+    def copy_slot(self, dst: int, src: int) -> None:
+        """Device-side body of a clone or restore: every byte of ``src`` into ``dst``."""
+        for t in (self.conv, self.rec, self.pending):
+            t[dst].copy_(t[src])
+
+    def clear_slot(self, slot: int) -> None:
+        """Device-side body of a cold start: the empty state."""
+        for t in (self.conv, self.rec, self.pending):
+            t[slot].zero_()
+
+    def slot_bytes(self, slot: int) -> torch.Tensor:
+        """The slot's exact bytes as one flat tensor (for checksums)."""
+        return torch.cat([t[slot].reshape(-1) for t in (self.conv, self.rec, self.pending)])
+
+    def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (self.conv[slot].clone(), self.rec[slot].clone(),
+                self.pending[slot, :, : length % SNAPSHOT_ALIGN].clone())
+
+    def write(self, slot: int, state: SequenceState) -> None:
+        self.conv[slot].copy_(state.conv)
+        self.rec[slot].copy_(state.rec)
+        rows = state.pending.shape[1]
+        self.pending[slot, :, :rows].copy_(state.pending)
+
+
+class KVStorage:
+    """``keys/values[pages, L_full, page_size, Hkv, D]``: attention KV, paged."""
+
+    def __init__(self, config: ModelConfig, n_pages: int, page_size: int, device: Device) -> None:
+        shape = (n_pages, len(config.full_layers), page_size, config.num_key_value_heads, config.head_dim)
+        self.page_size = page_size
+        self.keys = device.zeros(*shape)
+        self.values = device.zeros(*shape)
+
+    def gather(self, pages: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV of positions [0, length) through a page table -> two [L_full, length, Hkv, D] tensors."""
+        n = -(-length // self.page_size)
+        index = torch.tensor(pages[:n], dtype=torch.long)
+        out = []
+        for t in (self.keys, self.values):
+            rows = t[index].transpose(0, 1).reshape(t.shape[1], n * self.page_size, *t.shape[3:])
+            out.append(rows[:, :length])
+        return out[0], out[1]
+
+    def scatter(self, pages: list[int], start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write [L_full, n, Hkv, D] KV for positions [start, start + n) through a page table."""
+        positions = torch.arange(start, start + keys.shape[1])
+        page_index = torch.tensor(pages, dtype=torch.long)[positions // self.page_size]
+        offsets = positions % self.page_size
+        self.keys[page_index, :, offsets] = keys.transpose(0, 1)
+        self.values[page_index, :, offsets] = values.transpose(0, 1)
