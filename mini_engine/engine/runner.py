@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mini_engine.device import Device, Event, Stream
+from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.model import HybridModel, SequenceState
@@ -37,32 +38,52 @@ class Batch:
     items: list[BatchItem]
     sampled: torch.Tensor  # device [len(items)] long, valid where item.sample
     done: Event
+    metadata_buffer: int = 0
 
 
 class ModelRunner:
+    """Launches forwards. Decode steps read their page mappings from the resident decode metadata
+    (uploaded only when they change, fenced by a verified readback); prefills carry their own."""
+
     def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
-                 stream: Stream) -> None:
+                 stream: Stream, metadata: ResidentDecodeMetadata) -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
+        self.metadata = metadata
         self._batches = 0
 
     def launch(self, items: list[BatchItem]) -> Batch:
-        """Queue the forward of ``items`` on the compute stream; returns at once."""
+        """Queue the forward of ``items`` on the compute stream; returns once the op is queued."""
         self._batches += 1
-        batch = Batch(self._batches, items, self.device.zeros(len(items), dtype=torch.long), self.device.new_event())
-        self.device.launch(self.stream, lambda: self._forward(batch), label=f"forward#{batch.index}")
+        buffer = self._batches % self.metadata.n_buffers
+        shards = self.metadata.prepare(buffer, self._decode_table(items)).shards
+        batch = Batch(self._batches, items, self.device.zeros(len(items), dtype=torch.long),
+                      self.device.new_event(), buffer)
+        self.device.launch(self.stream, lambda: self._forward(batch, shards), label=f"forward#{batch.index}")
         self.device.record(batch.done, self.stream)
+        self.metadata.mark_dispatched(buffer, batch.done)
         return batch
 
-    def _forward(self, batch: Batch) -> None:
+    def _decode_table(self, items: list[BatchItem]) -> torch.Tensor:
+        """Row r: the page table of the r-th decode item (zero-padded); prefill rows stay zero."""
+        table = torch.zeros(self.metadata.table_shape, dtype=torch.int32)
+        for row, it in enumerate(i for i in items if i.tokens is None):
+            table[row, : len(it.pages)] = torch.tensor(it.pages, dtype=torch.int32)
+        return table
+
+    def _forward(self, batch: Batch, shards: tuple[torch.Tensor, ...]) -> None:
         items = batch.items
+        resident = gather_shards(shards)  # read when the kernel runs: whatever has landed by then
+        decode_rows = iter(range(len(items)))
+        pages = [list(it.pages) if it.tokens is not None else resident[next(decode_rows)].tolist()
+                 for it in items]
         tokens = [it.tokens if it.tokens is not None else self.states.next_token[it.live_slot].reshape(1).clone()
                   for it in items]
-        states = [self._gather(it) for it in items]
+        states = [self._gather(it, p) for it, p in zip(items, pages)]
         outputs = self.model(tokens, states)
         for i, (it, out) in enumerate(zip(items, outputs)):
             self.states.write(it.live_slot, out.state)
             new = slice(it.start, it.start + it.length)
-            self.kv.scatter(list(it.pages), it.start, out.state.keys[:, new], out.state.values[:, new])
+            self.kv.scatter(pages[i], it.start, out.state.keys[:, new], out.state.values[:, new])
             if it.track is not None and out.snapshots:
                 self._write_snapshot(it.track.slot, out.snapshots[-1])
             if it.sample:
@@ -70,9 +91,9 @@ class ModelRunner:
                 batch.sampled[i] = token
                 self.states.next_token[it.live_slot] = token
 
-    def _gather(self, it: BatchItem) -> SequenceState:
+    def _gather(self, it: BatchItem, pages: list[int]) -> SequenceState:
         conv, rec, pending = self.states.read(it.live_slot, it.start)
-        keys, values = self.kv.gather(list(it.pages), it.start)
+        keys, values = self.kv.gather(pages, it.start)
         return SequenceState(it.start, conv, rec, pending, keys, values)
 
     def _write_snapshot(self, slot: int, snapshot) -> None:
