@@ -170,10 +170,12 @@ class Engine:
     def _abort_now(self, request: Request) -> None:
         if request.done:
             return
+        phase = "queued" if request.status is Status.QUEUED else (
+            "prefill" if request.scheduled_len < len(request.prompt) else "decode")
         if request in self.scheduler.waiting:
             self.scheduler.waiting.remove(request)
         elif request.status is Status.RUNNING:
             self.cache.release(request)
             self.scheduler.retire(request)
         request.status, request.finish_reason = Status.ABORTED, "abort"
-        self.events.emit("abort", rid=request.rid)
+        self.events.emit("abort", rid=request.rid, phase=phase)

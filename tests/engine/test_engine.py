@@ -1,0 +1,181 @@
+"""The engine with every safeguard on: exact against the cold reference, hits real, nothing leaks."""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mini_engine.engine import Engine, EngineConfig, SamplingParams
+from mini_engine.engine.request import Status
+
+
+def tokens(rnd, n):
+    return [rnd.randrange(256) for _ in range(n)]
+
+
+def drive(engine):
+    """Step to idle, checking every pool's and the tree's integrity after every step."""
+    while not engine.idle():
+        engine.step()
+        engine.check_integrity()
+
+
+def assert_no_leak(engine):
+    """Only the tree holds anything once every request is done."""
+    cache = engine.cache
+    assert cache.slots.used_count == len(cache.tree.snapshot_slots())
+    assert cache.pages.used_count == cache.tree.total_pages()
+    assert {role for role, n in cache.slots.usage_by_role().items() if n} <= {"snapshot"}
+
+
+def test_shared_257_prefix_hits_exactly_256(tiny_model, reference):
+    """Once a snapshot at 256 is committed, later prompts sharing 257 tokens report cached_tokens == 256, exactly."""
+    rnd = random.Random(0)
+    prefix = tokens(rnd, 257)
+    engine = Engine(EngineConfig(), model=tiny_model)
+    first = engine.submit(prefix + tokens(rnd, 5), SamplingParams(max_tokens=6))
+    drive(engine)
+    later = [engine.submit(prefix + tokens(rnd, n), SamplingParams(max_tokens=6)) for n in (1, 40, 90)]
+    drive(engine)
+    assert engine.result(first).cached_tokens == 0
+    for rid in [first, *later]:
+        result = engine.result(rid)
+        assert list(result.output_ids) == reference(engine.requests[rid].prompt, 6)
+    assert [engine.result(rid).cached_tokens for rid in later] == [256, 256, 256]
+    assert_no_leak(engine)
+
+
+def random_schedule(seed):
+    rnd = random.Random(seed)
+    bases = [tokens(rnd, rnd.choice([63, 64, 65, 127, 128, 129, 200])) for _ in range(2)]
+    plan = []
+    for i in range(8):
+        prompt = rnd.choice(bases)[: rnd.choice([None, 64, 65])] + tokens(rnd, rnd.randrange(1, 50))
+        abort_at = rnd.randrange(0, 25) if rnd.random() < 0.25 else None
+        plan.append((f"r{i}", prompt, rnd.randrange(1, 10), rnd.randrange(0, 20), abort_at))
+    return plan
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# transfer + overlap is the aliasing hazard of the first seed (a fault), so it is not a safe mode here.
+SAFE_MODES = [("copy", False), ("copy", True), ("transfer", False)]
+
+
+@given(seed=st.integers(0, 10**6), device_seed=st.integers(0, 2**16), mode=st.sampled_from(SAFE_MODES))
+def test_random_schedules_are_exact(tiny_model, reference, seed, device_seed, mode):
+    """Shared prefixes near 64-multiples, random arrivals and aborts, any device seed: completed == cold reference."""
+    policy, overlap = mode
+    config = EngineConfig(device_seed=device_seed, overlap=overlap, donate_policy=policy, num_pages=160, num_slots=30)
+    engine = Engine(config, model=tiny_model)
+    for rid, prompt, max_tokens, arrival, abort_at in random_schedule(seed):
+        engine.submit(prompt, SamplingParams(max_tokens=max_tokens), rid=rid, at_step=arrival)
+        if abort_at is not None:
+            engine.abort(rid, at_step=abort_at)
+    drive(engine)
+    for rid, request in engine.requests.items():
+        if request.status is Status.FINISHED:
+            assert list(request.outputs) == reference(request.prompt, request.params.max_tokens), rid
+    assert_no_leak(engine)
+
+
+def test_eviction_under_memory_pressure_stays_exact(tiny_model, reference):
+    """With too few pages and slots for the tree to keep everything, eviction happens and outputs stay exact."""
+    rnd = random.Random(3)
+    config = EngineConfig(num_pages=32, num_slots=14, max_running=4, overlap=True)
+    engine = Engine(config, model=tiny_model)
+    bases = [tokens(rnd, 130) for _ in range(6)]
+    for i in range(24):  # each base twice in a row (the second hits), six bases overflow the pool
+        engine.submit(bases[i // 2 % 6] + tokens(rnd, 3), SamplingParams(max_tokens=4), at_step=i * 4)
+    drive(engine)
+    assert engine.cache.evictions > 0
+    hits = 0
+    for request in engine.requests.values():
+        assert list(request.outputs) == reference(request.prompt, 4)
+        hits += request.cached_len > 0
+    assert hits > 0
+    assert_no_leak(engine)
+
+
+def test_thousand_aborted_requests_leak_nothing(tiny_model):
+    """1,000 requests aborted queued, mid-prefill or mid-decode leave only the tree's holdings."""
+    rnd = random.Random(5)
+    events = []
+    config = EngineConfig(max_running=16, num_slots=64, prefill_chunk=64, overlap=True)
+    engine = Engine(config, model=tiny_model, sink=events.append)
+    shared = tokens(rnd, 70)
+    for i in range(1000):
+        prompt = (shared if i % 2 else []) + tokens(rnd, rnd.randrange(1, 100))
+        rid = engine.submit(prompt, SamplingParams(max_tokens=rnd.randrange(2, 6)), at_step=i // 8)
+        engine.abort(rid, at_step=i // 8 + rnd.randrange(0, 4))
+    drive(engine)
+    phases = [e["phase"] for e in events if e["type"] == "abort"]
+    assert {"queued", "prefill", "decode"} <= set(phases), set(phases)
+    assert len(phases) > 500
+    assert_no_leak(engine)
+
+
+def test_seeded_sampling_is_hit_invariant(tiny_model):
+    """Seeded sampling draws the same tokens whether the prefix was a hit or computed cold."""
+    rnd = random.Random(7)
+    prompt = tokens(rnd, 150)
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=42)
+    cold = Engine(EngineConfig(enable_cache=False), model=tiny_model)
+    cold_id = cold.submit(prompt, params)
+    drive(cold)
+    warm = Engine(EngineConfig(), model=tiny_model)
+    warm.submit(prompt[:140] + [1, 2, 3], SamplingParams(max_tokens=2))
+    drive(warm)
+    hit = warm.submit(prompt, params)
+    drive(warm)
+    assert warm.result(hit).cached_tokens == 128
+    assert warm.result(hit).output_ids == cold.result(cold_id).output_ids
+    assert len(set(cold.result(cold_id).output_ids)) > 3
+
+
+def test_stop_tokens_and_lengths(tiny_model, reference):
+    """A stop token ends the request with reason 'stop'; otherwise max_tokens ends it with 'length'."""
+    rnd = random.Random(9)
+    prompt = tokens(rnd, 20)
+    free = reference(prompt, 8)
+    engine = Engine(EngineConfig(), model=tiny_model)
+    stopped = engine.submit(prompt, SamplingParams(max_tokens=8, stop_token_ids=(free[2],)))
+    full = engine.submit(prompt, SamplingParams(max_tokens=8))
+    drive(engine)
+    assert engine.result(stopped).output_ids == tuple(free[: free.index(free[2]) + 1])
+    assert engine.result(stopped).finish_reason == "stop"
+    assert engine.result(full).finish_reason == "length" and engine.result(full).output_ids == tuple(free)
+
+
+def test_instrumentation_reports_slot_events(tiny_model):
+    """With a sink, restores, clones and donations are reported; the engine runs the same without one."""
+    rnd = random.Random(11)
+    events = []
+    engine = Engine(EngineConfig(), model=tiny_model, sink=events.append)
+    prompt = tokens(rnd, 140)
+    engine.submit(prompt, SamplingParams(max_tokens=2))
+    drive(engine)
+    engine.submit(prompt + [1], SamplingParams(max_tokens=2))
+    drive(engine)
+    kinds = {e["type"] for e in events}
+    assert {"clone", "donate", "restore"} <= kinds
+    restore = next(e for e in events if e["type"] == "restore")
+    assert restore["position"] == 128 and isinstance(restore["step"], int)
+
+
+def test_bad_submissions_are_rejected(tiny_model):
+    """Empty prompts, duplicate ids, over-long requests and unknown aborts are clear errors."""
+    engine = Engine(EngineConfig(max_context=64), model=tiny_model)
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.submit([])
+    engine.submit([1, 2], rid="a")
+    with pytest.raises(ValueError, match="already in use"):
+        engine.submit([1], rid="a")
+    with pytest.raises(ValueError, match="exceeds the context"):
+        engine.submit([1] * 60, SamplingParams(max_tokens=10))
+    with pytest.raises(KeyError, match="unknown request"):
+        engine.abort("nope")
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        EngineConfig(prefill_chunk=100)
