@@ -57,11 +57,11 @@ def random_schedule(seed):
     return plan
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # transfer + overlap is the aliasing hazard of the first seed (a fault), so it is not a safe mode here.
 SAFE_MODES = [("copy", False), ("copy", True), ("transfer", False)]
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10**6), device_seed=st.integers(0, 2**16), mode=st.sampled_from(SAFE_MODES))
 def test_random_schedules_are_exact(tiny_model, reference, seed, device_seed, mode):
     """Shared prefixes near 64-multiples, random arrivals and aborts, any device seed: completed == cold reference."""
