@@ -13,12 +13,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generate_prints_tokens_and_matches_the_library(tiny_model, tokenizer):
-    """`mini-engine generate` prints the same greedy tokens the library computes."""
+    """`mini-engine generate` prints the same greedy tokens the model computes cold and alone."""
     result = CliRunner().invoke(engine_main, ["generate", "--prompt", "Hello there", "--max-tokens", "6"])
     assert result.exit_code == 0, result.output
     expected = greedy_generate(tiny_model, tokenizer, "Hello there", 6)
     assert f"token ids: {expected.token_ids}" in result.output
-    assert "generated: 6 (length)" in result.output
+    assert f"generated: {len(expected.token_ids)} ({expected.finish_reason})" in result.output
+
+
+def test_generate_repeat_hits_the_cache(tiny_model, tokenizer):
+    """--repeat 2 of a prompt spanning a 64-boundary reports cached_tokens 0, then 128, with identical tokens."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 3  # 135 bytes
+    result = CliRunner().invoke(engine_main, ["generate", "--prompt", prompt, "--max-tokens", "5", "--repeat", "2"])
+    assert result.exit_code == 0, result.output
+    cached = re.findall(r"cached_tokens: (\d+)", result.output)
+    assert cached == ["0", "128"]
+    ids = re.findall(r"token ids: (\[.*\])", result.output)
+    assert ids[0] == ids[1] == str(greedy_generate(tiny_model, tokenizer, prompt, 5).token_ids)
 
 
 def test_generate_bad_options_name_the_option(tmp_path):
