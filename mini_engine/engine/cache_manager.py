@@ -9,13 +9,15 @@ Lifecycle of a request's cache state (DESIGN.md §3)::
     abort:   unlock, free everything, donate nothing that was not already committed
 
 Donation policies: ``copy`` (the fix of the first seed) clones the ping-pong slot into a fresh tree
-slot on the compute stream, behind the forward that wrote it; the request keeps its slots.
+slot on the copy stream, behind the forward that wrote it; the request keeps its slots.
 ``transfer`` (the original design) hands the slot id itself to the tree and gives the request a
 replacement; at finish the tree takes the *live* slot when the final length is a 64-multiple
 (zero-copy) — a batch already built under overlap still names that id.
 
-All slot writes are issued on the compute stream, so the device's stream order is the barrier
-between a donation and every earlier write to its source.
+Barriers: restores and clears run on the compute stream, clones on the copy stream; every one of
+them waits, through ``SlotFences``, for the other stream's last op on the slots it touches — so a
+restore is ordered after every prior write to its source, and a clone after the forward that wrote
+the snapshot it copies.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from mini_engine.cache import Owner, PagePool, RadixTree, SlotPool
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Stream
 from mini_engine.engine.config import EngineConfig
+from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import StateStorage
 from mini_engine.instrument import Instrumentation
@@ -40,12 +43,13 @@ def _owner(request: Request, role: str) -> Owner:
 
 class CacheManager:
     def __init__(self, config: EngineConfig, states: StateStorage, device: Device, stream: Stream,
-                 instrumentation: Instrumentation) -> None:
+                 copy_stream: Stream, fences: SlotFences, instrumentation: Instrumentation) -> None:
         self.config = config
         self.slots = SlotPool(config.num_slots)
         self.pages = PagePool(config.num_pages, config.page_size)
         self.tree = RadixTree(config.page_size)
         self.states, self.device, self.stream, self.events = states, device, stream, instrumentation
+        self.copy_stream, self.fences = copy_stream, fences
         self.evictions = 0
 
     # -- admission ---------------------------------------------------------------------------
@@ -74,11 +78,16 @@ class CacheManager:
 
     def _restore(self, request: Request) -> None:
         live, source = request.live_slot, request.restore_slot
+        touched = [live] if source is None else [live, source]
+        self.fences.before(self.stream, touched)
         if source is None:
             self.device.launch(self.stream, lambda: self.states.clear_slot(live), label=f"clear:{live}")
-            return
-        self.device.launch(self.stream, lambda: self.states.copy_slot(live, source), label=f"restore:{source}->{live}")
-        self.events.emit("restore", rid=request.rid, src=source, dst=live, position=request.cached_len)
+        else:
+            self.device.launch(self.stream, lambda: self.states.copy_slot(live, source),
+                               label=f"restore:{source}->{live}")
+        self.fences.after(self.stream, touched)
+        if source is not None:
+            self.events.emit("restore", rid=request.rid, src=source, dst=live, position=request.cached_len)
 
     def _ensure(self, *, pages: int, slots: int) -> bool:
         """Evict from the tree until ``pages`` pages and ``slots`` slots are free; False if impossible."""
@@ -126,7 +135,10 @@ class CacheManager:
         if not self._ensure(pages=0, slots=1):
             return None
         clone = self.slots.alloc(TREE_SLOTS)
-        self.device.launch(self.stream, lambda: self.states.copy_slot(clone, source), label=f"clone:{source}->{clone}")
+        self.fences.before(self.copy_stream, [source, clone])
+        self.device.launch(self.copy_stream, lambda: self.states.copy_slot(clone, source),
+                           label=f"clone:{source}->{clone}")
+        self.fences.after(self.copy_stream, [source, clone])
         self.events.emit("clone", src=source, dst=clone)
         return clone
 

@@ -25,6 +25,7 @@ import torch
 from mini_engine.device import make_device
 from mini_engine.engine.cache_manager import CacheManager
 from mini_engine.engine.config import EngineConfig
+from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata
 from mini_engine.engine.request import Request, SamplingParams, Status
 from mini_engine.engine.runner import Batch, ModelRunner
@@ -60,13 +61,16 @@ class Engine:
         self.events = Instrumentation(sink)
         self.states = StateStorage(self.model.config, config.num_slots, self.device)
         self.kv = KVStorage(self.model.config, config.num_pages, config.page_size, self.device)
-        self.cache = CacheManager(config, self.states, self.device, self.compute, self.events)
+        self.copy = self.device.stream("copy")
+        self.fences = SlotFences(self.device)
+        self.cache = CacheManager(config, self.states, self.device, self.compute, self.copy, self.fences, self.events)
         self.scheduler = Scheduler(config, self.cache)
         pages_per_seq = -(-config.max_context // config.page_size)
         self.metadata = ResidentDecodeMetadata(
-            self.device, self.device.stream("copy"), (config.max_running, pages_per_seq + pages_per_seq % 2),
+            self.device, self.copy, (config.max_running, pages_per_seq + pages_per_seq % 2),
             instrumentation=self.events)
-        self.runner = ModelRunner(self.model, self.states, self.kv, self.device, self.compute, self.metadata)
+        self.runner = ModelRunner(self.model, self.states, self.kv, self.device, self.compute, self.metadata,
+                                  self.fences)
         self.requests: dict[str, Request] = {}
         self.steps = 0
         self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)

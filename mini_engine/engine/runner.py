@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mini_engine.device import Device, Event, Stream
+from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import KVStorage, StateStorage
@@ -46,9 +47,9 @@ class ModelRunner:
     (uploaded only when they change, fenced by a verified readback); prefills carry their own."""
 
     def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
-                 stream: Stream, metadata: ResidentDecodeMetadata) -> None:
+                 stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences) -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
-        self.metadata = metadata
+        self.metadata, self.fences = metadata, fences
         self._batches = 0
 
     def launch(self, items: list[BatchItem]) -> Batch:
@@ -57,9 +58,11 @@ class ModelRunner:
         buffer = self._batches % self.metadata.n_buffers
         shards = self.metadata.prepare(buffer, self._decode_table(items)).shards
         batch = Batch(self._batches, items, self.device.zeros(len(items), dtype=torch.long),
-                      self.device.new_event(), buffer)
+                      Event(0), buffer)
+        slots = [it.live_slot for it in items] + [it.track.slot for it in items if it.track is not None]
+        self.fences.before(self.stream, slots)
         self.device.launch(self.stream, lambda: self._forward(batch, shards), label=f"forward#{batch.index}")
-        self.device.record(batch.done, self.stream)
+        batch.done = self.fences.after(self.stream, slots)
         self.metadata.mark_dispatched(buffer, batch.done)
         return batch
 
