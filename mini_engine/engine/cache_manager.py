@@ -62,8 +62,8 @@ class CacheManager:
             return False
         self.tree.lock(match.node)
         request.match_node, request.cached_len, request.restore_slot = match.node, match.cached_len, match.snapshot_slot
-        request.live_slot = self.slots.alloc(_owner(request, "live"))
-        request.pingpong = [self.slots.alloc(_owner(request, "pingpong")) for _ in range(2)]
+        request.live_slot = self._alloc_slot(_owner(request, "live"))
+        request.pingpong = [self._alloc_slot(_owner(request, "pingpong")) for _ in range(2)]
         for page in match.page_ids:
             self.pages.retain(page, _owner(request, "kv"))
         request.pages = list(match.page_ids) + list(self.pages.alloc(_owner(request, "kv"), new_pages))
@@ -102,7 +102,7 @@ class CacheManager:
         for page in pages:
             self.pages.release(page, TREE_PAGES)
         for slot in slots:
-            self.slots.free(slot, TREE_SLOTS)
+            self._free_slot(slot, TREE_SLOTS)
         if pages or slots:
             self.evictions += 1
             self.events.emit("evict", pages=list(pages), slots=list(slots))
@@ -134,7 +134,7 @@ class CacheManager:
     def _clone(self, source: int) -> int | None:
         if not self._ensure(pages=0, slots=1):
             return None
-        clone = self.slots.alloc(TREE_SLOTS)
+        clone = self._alloc_slot(TREE_SLOTS)
         self.fences.before(self.copy_stream, [source, clone])
         self.device.launch(self.copy_stream, lambda: self.states.copy_slot(clone, source),
                            label=f"clone:{source}->{clone}")
@@ -146,7 +146,7 @@ class CacheManager:
         owner = _owner(request, role)
         self.slots.transfer(slot, owner, TREE_SLOTS)
         self._donate(request, tokens, slot)
-        replacement = self.slots.alloc(owner) if self.slots.free_count or self._ensure(pages=0, slots=1) else None
+        replacement = self._alloc_slot(owner) if self.slots.free_count or self._ensure(pages=0, slots=1) else None
         if role == "live":
             request.live_slot = replacement or 0
         else:
@@ -158,7 +158,7 @@ class CacheManager:
         for page in result.new_pages:
             self.pages.retain(page, TREE_PAGES)
         if slot is not None and not result.snapshot_stored:
-            self.slots.free(slot, TREE_SLOTS)
+            self._free_slot(slot, TREE_SLOTS)
         self.events.emit("donate", rid=request.rid, slot=slot, position=len(tokens),
                          stored=result.snapshot_stored, policy=self.config.donate_policy)
 
@@ -178,10 +178,19 @@ class CacheManager:
             self.tree.unlock(request.match_node)
             request.match_node = None
         for slot in self.slots.slots_of("request", request.rid):
-            self.slots.free(slot, self.slots.owner_of(slot))
+            self._free_slot(slot, self.slots.owner_of(slot))
         for page in self.pages.pages_of("request", request.rid):
             self.pages.release(page, _owner(request, "kv"))
         request.pages, request.pingpong, request.live_slot = [], [], 0
+
+    def _alloc_slot(self, owner: Owner) -> int:
+        slot = self.slots.alloc(owner)
+        self.events.emit("alloc", slot=slot, owner=str(owner), role=owner.role)
+        return slot
+
+    def _free_slot(self, slot: int, owner: Owner) -> None:
+        self.slots.free(slot, owner)
+        self.events.emit("free", slot=slot, owner=str(owner), role=owner.role)
 
     def check_integrity(self) -> None:
         """Pools, tree and their agreement: every tree page/slot is held by the tree owner."""

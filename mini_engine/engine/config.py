@@ -26,6 +26,7 @@ class EngineConfig:
     donate_policy: str = "copy"  # "copy": tree gets a private clone; "transfer": tree takes the slot id
     max_context: int = 4096
     threads: int | None = 1  # torch intra-op threads; small ops lose badly to oversubscription
+    debug: bool = False  # check every pool's and the tree's integrity after every step
 
     def __post_init__(self) -> None:
         if self.page_size < 1 or SNAPSHOT_ALIGN % self.page_size:

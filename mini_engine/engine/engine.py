@@ -46,6 +46,7 @@ class RequestResult:
     cached_tokens: int
     cache_key: str  # digest of (extra key, prompt): what the cache was asked for
     restored_slot: int | None
+    text: str  # the output decoded, cut before the first stop string
 
 
 class Engine:
@@ -115,11 +116,14 @@ class Engine:
             self._process(launched)
         self.device.progress()
         self.steps += 1
+        if self.config.debug:
+            self.check_integrity()
 
     def run(self, max_steps: int = 100_000) -> None:
         """Step until every request is done and nothing is scheduled or in flight."""
         for _ in range(max_steps):
             if self.idle():
+                self.check_integrity()  # cheap when idle, and the moment a leak would show
                 return
             self.step()
         raise RuntimeError(f"engine still busy after {max_steps} steps")
@@ -135,7 +139,8 @@ class Engine:
     def result(self, rid: str) -> RequestResult:
         r = self.requests[rid]
         key = hashlib.blake2b(repr((r.extra_key, r.prompt)).encode(), digest_size=8).hexdigest()
-        return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key, r.restore_slot)
+        return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key,
+                             r.restore_slot, self._text(r)[0])
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()
@@ -159,9 +164,15 @@ class Engine:
             if item.sample:
                 self._accept(request, token)
 
+    def _text(self, request: Request) -> tuple[str, bool]:
+        """The decoded output cut before the first stop string, and whether one was found."""
+        text = self.tokenizer.decode(request.outputs, skip_special=True)
+        cuts = [text.index(s) for s in request.params.stop if s in text]
+        return (text[: min(cuts)], True) if cuts else (text, False)
+
     def _accept(self, request: Request, token: int) -> None:
         request.outputs.append(token)
-        if token in request.params.stop_token_ids:
+        if token in request.params.stop_token_ids or (request.params.stop and self._text(request)[1]):
             self._finish(request, "stop")
         elif len(request.outputs) >= request.params.max_tokens:
             self._finish(request, "length")

@@ -16,8 +16,11 @@ class SamplingParams:
     temperature: float = 0.0  # 0: greedy
     seed: int = 0  # seeded sampling: token i of a request is drawn with a generator seeded (seed, position)
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings: generation ends once the text contains one (it is cut off)
 
     def __post_init__(self) -> None:
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings; got {self.stop!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1; got {self.max_tokens}")
         if self.temperature < 0:

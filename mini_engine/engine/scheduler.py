@@ -58,6 +58,8 @@ class Scheduler:
         else:
             return None
         track = self.cache.track_target(request, start, end - start)
+        if track is not None:
+            self.cache.events.emit("snapshot_write", rid=request.rid, slot=track.slot, position=track.position)
         request.scheduled_len = end
         request.scheduled_samples += int(sample)
         request.in_flight += 1

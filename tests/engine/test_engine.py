@@ -147,6 +147,22 @@ def test_stop_tokens_and_lengths(tiny_model, reference):
     assert engine.result(full).finish_reason == "length" and engine.result(full).output_ids == tuple(free)
 
 
+def test_stop_strings_end_and_cut_the_text(tiny_model, tokenizer, reference):
+    """A stop string ends generation as soon as the text contains it, and the returned text stops before it."""
+    rnd = random.Random(13)
+    prompt = tokens(rnd, 30)
+    free = reference(prompt, 12)
+    text = tokenizer.decode(free, skip_special=True)
+    stop = next(text[i : i + 2] for i in range(3, len(text) - 1) if text[i : i + 2].isprintable())
+    engine = Engine(EngineConfig(), model=tiny_model)
+    rid = engine.submit(prompt, SamplingParams(max_tokens=12, stop=(stop,)))
+    drive(engine)
+    result = engine.result(rid)
+    assert result.finish_reason == "stop"
+    assert result.text == text[: text.index(stop)]
+    assert list(result.output_ids) == free[: len(result.output_ids)] and len(result.output_ids) < 12
+
+
 def test_instrumentation_reports_slot_events(tiny_model):
     """With a sink, restores, clones and donations are reported; the engine runs the same without one."""
     rnd = random.Random(11)
@@ -158,7 +174,7 @@ def test_instrumentation_reports_slot_events(tiny_model):
     engine.submit(prompt + [1], SamplingParams(max_tokens=2))
     drive(engine)
     kinds = {e["type"] for e in events}
-    assert {"clone", "donate", "restore"} <= kinds
+    assert {"alloc", "free", "snapshot_write", "clone", "donate", "restore", "metadata_upload"} <= kinds
     restore = next(e for e in events if e["type"] == "restore")
     assert restore["position"] == 128 and isinstance(restore["step"], int)
 
