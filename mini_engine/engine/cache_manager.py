@@ -28,7 +28,7 @@ from mini_engine.device import Device, Stream
 from mini_engine.engine.config import EngineConfig
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.request import Commit, Request
-from mini_engine.engine.storage import StateStorage
+from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 
 __all__ = ["CacheManager", "TREE_PAGES", "TREE_SLOTS"]
@@ -42,34 +42,79 @@ def _owner(request: Request, role: str) -> Owner:
 
 
 class CacheManager:
-    def __init__(self, config: EngineConfig, states: StateStorage, device: Device, stream: Stream,
+    def __init__(self, config: EngineConfig, states: StateStorage, kv: KVStorage, device: Device, stream: Stream,
                  copy_stream: Stream, fences: SlotFences, instrumentation: Instrumentation) -> None:
         self.config = config
         self.slots = SlotPool(config.num_slots)
         self.pages = PagePool(config.num_pages, config.page_size)
         self.tree = RadixTree(config.page_size)
         self.states, self.device, self.stream, self.events = states, device, stream, instrumentation
-        self.copy_stream, self.fences = copy_stream, fences
+        self.copy_stream, self.fences, self.kv = copy_stream, fences, kv
         self.evictions = 0
 
     # -- admission ---------------------------------------------------------------------------
     def try_admit(self, request: Request) -> bool:
-        """Match, lock, allocate and queue the restore. False (nothing held) when memory is short."""
+        """Match, lock, allocate (for the request and its unforked siblings) and queue the restore.
+
+        All or nothing: False, holding nothing, when slots or pages are short even after eviction.
+        The matched node is locked *before* evicting, so eviction can never take the hit away.
+        """
         match = self._match(request)
-        need_pages = self.pages.pages_for_tokens(request.total_len + request.params.max_tokens)
-        new_pages = need_pages - len(match.page_ids)
-        if not self._ensure(pages=new_pages, slots=3):
-            return False
+        group = [request, *request.children]
+        shared = self.pages.pages_for_tokens(request.fork_at or 0)  # pages the siblings take from the parent
+        own = [self.pages.pages_for_tokens(len(r.prompt) + r.params.max_tokens) for r in group]
+        new_pages = own[0] - len(match.page_ids) + sum(n - shared for n in own[1:])
         self.tree.lock(match.node)
+        if not self._ensure(pages=new_pages, slots=3 * len(group)):
+            self.tree.unlock(match.node)
+            return False
         request.match_node, request.cached_len, request.restore_slot = match.node, match.cached_len, match.snapshot_slot
-        request.live_slot = self._alloc_slot(_owner(request, "live"))
-        request.pingpong = [self._alloc_slot(_owner(request, "pingpong")) for _ in range(2)]
         for page in match.page_ids:
             self.pages.retain(page, _owner(request, "kv"))
-        request.pages = list(match.page_ids) + list(self.pages.alloc(_owner(request, "kv"), new_pages))
+        request.pages = list(match.page_ids) + list(self.pages.alloc(_owner(request, "kv"), own[0] - len(match.page_ids)))
+        for member, pages in zip(group, own):
+            member.live_slot = self._alloc_slot(_owner(member, "live"))
+            member.pingpong = [self._alloc_slot(_owner(member, "pingpong")) for _ in range(2)]
+            if member is not request:
+                member.pages = [-1] * shared + list(self.pages.alloc(_owner(member, "kv"), pages - shared))
         request.scheduled_len = match.cached_len
         self._restore(request)
         return True
+
+    def fork(self, parent: Request) -> list[Request]:
+        """Give each unforked sibling the parent's state at ``fork_at``: a clone of its live slot and
+        shared references to its pages (the last one possibly partial: copied before anyone writes it)."""
+        children, parent.children = parent.children, []
+        shared = self.pages.pages_for_tokens(parent.fork_at)
+        for child in children:
+            for i in range(shared):
+                self.pages.retain(parent.pages[i], _owner(child, "kv"))
+                child.pages[i] = parent.pages[i]
+            touched = [parent.live_slot, child.live_slot]
+            self.fences.before(self.stream, touched)
+            src, dst = parent.live_slot, child.live_slot
+            self.device.launch(self.stream, lambda s=src, d=dst: self.states.copy_slot(d, s), label=f"fork:{src}->{dst}")
+            self.fences.after(self.stream, touched)
+            child.scheduled_len, child.cached_len = parent.fork_at, parent.cached_len
+            self.events.emit("fork", rid=child.rid, parent=parent.rid, src=src, dst=dst, position=parent.fork_at)
+        return children
+
+    def copy_on_write(self, request: Request, first: int, end: int) -> None:
+        """Before a forward writes positions [first, end), give the request a private copy of every
+        page there that someone else also holds (page copy-on-write)."""
+        size = self.config.page_size
+        for index in range(first // size, (end - 1) // size + 1):
+            page = request.pages[index]
+            if not self.pages.is_shared(page):
+                continue
+            (copy,) = self.pages.alloc(_owner(request, "kv"), 1) if self._ensure(pages=1, slots=0) else (None,)
+            if copy is None:
+                raise RuntimeError(f"no page left for copy-on-write of page {page} (request {request.rid}); "
+                                   "admission reserves pages, so this is an accounting bug")
+            self.device.launch(self.stream, lambda o=page, n=copy: self.kv.copy_page(n, o), label=f"cow:{page}->{copy}")
+            self.pages.release(page, _owner(request, "kv"))
+            request.pages[index] = copy
+            self.events.emit("page_cow", rid=request.rid, old=page, new=copy, index=index)
 
     def _match(self, request: Request):
         if not self.config.enable_cache:

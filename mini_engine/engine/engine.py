@@ -18,7 +18,7 @@ import hashlib
 import itertools
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -64,7 +64,8 @@ class Engine:
         self.kv = KVStorage(self.model.config, config.num_pages, config.page_size, self.device)
         self.copy = self.device.stream("copy")
         self.fences = SlotFences(self.device)
-        self.cache = CacheManager(config, self.states, self.device, self.compute, self.copy, self.fences, self.events)
+        self.cache = CacheManager(config, self.states, self.kv, self.device, self.compute, self.copy, self.fences,
+                                  self.events)
         self.scheduler = Scheduler(config, self.cache)
         pages_per_seq = -(-config.max_context // config.page_size)
         self.metadata = ResidentDecodeMetadata(
@@ -80,8 +81,15 @@ class Engine:
 
     # -- the embedded API ----------------------------------------------------------------------
     def submit(self, prompt: list[int] | str, params: SamplingParams | None = None, *, rid: str | None = None,
-               extra_key: str = "", at_step: int | None = None) -> str:
-        """Queue a request (now, or when step ``at_step`` begins); returns its id."""
+               extra_key: str = "", at_step: int | None = None, n: int = 1) -> str:
+        """Queue a request (now, or when step ``at_step`` begins); returns its id.
+
+        ``n > 1`` asks for n choices: the first computes the prompt, the others fork from its state
+        before the last prompt token (sharing its pages, copy-on-write) and sample with seeds
+        ``seed + i``; ``choices(rid)`` lists their ids.
+        """
+        if not 1 <= n <= self.config.max_running:
+            raise ValueError(f"n must be in [1, max_running={self.config.max_running}]; got {n}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         rid = rid or f"req-{next(self._ids)}"
         if rid in self.requests:
@@ -90,10 +98,19 @@ class Engine:
         if len(ids) + params.max_tokens > self.config.max_context:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                              f"context of {self.config.max_context}")
-        request = Request(rid, ids, params, extra_key, arrival_step=self.steps if at_step is None else at_step)
-        self.requests[rid] = request
+        arrival = self.steps if at_step is None else at_step
+        request = Request(rid, ids, params, extra_key, arrival_step=arrival)
+        request.children = [Request(f"{rid}#{i}", ids, replace(params, seed=params.seed + i), extra_key,
+                                    arrival_step=arrival) for i in range(1, n)]
+        request.fork_at = len(ids) - 1 if n > 1 else None
+        for member in (request, *request.children):
+            self.requests[member.rid] = member
         self._at(at_step, lambda: self.scheduler.waiting.append(request))
         return rid
+
+    def choices(self, rid: str) -> list[str]:
+        """The ids of every choice of the request submitted as ``rid`` (just ``[rid]`` when n == 1)."""
+        return [rid, *sorted(r for r in self.requests if r.startswith(f"{rid}#"))]
 
     def abort(self, rid: str, *, at_step: int | None = None) -> None:
         """Abort a request at any phase (queued, mid-prefill, mid-decode): frees all it holds."""
@@ -192,5 +209,9 @@ class Engine:
         elif request.status is Status.RUNNING:
             self.cache.release(request)
             self.scheduler.retire(request)
+        for child in request.children:  # never forked: they cannot start without the parent's state
+            self.cache.release(child)
+            child.status, child.finish_reason = Status.ABORTED, "abort"
+        request.children = []
         request.status, request.finish_reason = Status.ABORTED, "abort"
         self.events.emit("abort", rid=request.rid, phase=phase)

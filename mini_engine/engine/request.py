@@ -64,6 +64,9 @@ class Request:
     scheduled_samples: int = 0
     last_commit: Commit | None = None
     in_flight: int = 0  # batches built but not yet processed that include this request
+    # n > 1: the first choice computes the prompt; its siblings fork from its state at ``fork_at``
+    children: list[Request] = field(default_factory=list)
+    fork_at: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt:

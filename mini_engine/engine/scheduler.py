@@ -42,6 +42,11 @@ class Scheduler:
     def plan(self) -> list[BatchItem]:
         """One forward's items; advances each request's *scheduled* position (results come later)."""
         items = []
+        for request in list(self.running):
+            if request.children and request.scheduled_len == request.fork_at:
+                for child in self.cache.fork(request):  # queued now: after the parent's last forward
+                    child.status = Status.RUNNING
+                    self.running.append(child)
         for request in self.running:
             item = self._next_item(request)
             if item is not None:
@@ -52,11 +57,14 @@ class Scheduler:
         start, prompt_len = request.scheduled_len, len(request.prompt)
         if start < prompt_len:
             end = min(prompt_len, start // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN + self.config.prefill_chunk)
+            if request.children and start < request.fork_at:
+                end = min(end, request.fork_at)  # stop where the siblings fork off
             tokens, sample = torch.tensor(request.prompt[start:end]), end == prompt_len
         elif 0 < request.scheduled_samples < request.params.max_tokens:
             end, tokens, sample = start + 1, None, True
         else:
             return None
+        self.cache.copy_on_write(request, start, end)
         track = self.cache.track_target(request, start, end - start)
         if track is not None:
             self.cache.events.emit("snapshot_write", rid=request.rid, slot=track.slot, position=track.position)

@@ -67,6 +67,11 @@ class KVStorage:
         self.keys = device.zeros(*shape)
         self.values = device.zeros(*shape)
 
+    def copy_page(self, dst: int, src: int) -> None:
+        """Device-side body of a page copy-on-write."""
+        self.keys[dst].copy_(self.keys[src])
+        self.values[dst].copy_(self.values[src])
+
     def gather(self, pages: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of positions [0, length) through a page table -> two [L_full, length, Hkv, D] tensors."""
         n = -(-length // self.page_size)

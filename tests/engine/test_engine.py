@@ -195,3 +195,44 @@ def test_bad_submissions_are_rejected(tiny_model):
         SamplingParams(max_tokens=0)
     with pytest.raises(ValueError, match="prefill_chunk"):
         EngineConfig(prefill_chunk=100)
+
+
+def cold_alone(tiny_model, prompt, params):
+    engine = Engine(EngineConfig(enable_cache=False), model=tiny_model)
+    rid = engine.submit(prompt, params)
+    drive(engine)
+    return engine.result(rid).output_ids
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_n_choices_fork_with_page_copy_on_write(tiny_model, overlap):
+    """n=3 choices share the prompt's pages; the shared partial page is copied before each write; each
+    choice equals its own seeded request run cold and alone."""
+    rnd = random.Random(17)
+    prompt = tokens(rnd, 150)  # fork at 149: page 9 (positions 144..159) is shared and partial
+    events = []
+    engine = Engine(EngineConfig(overlap=overlap), model=tiny_model, sink=events.append)
+    params = SamplingParams(max_tokens=8, temperature=0.9, seed=3)
+    rid = engine.submit(prompt, params, n=3)
+    drive(engine)
+    choices = engine.choices(rid)
+    assert len(choices) == 3
+    for i, choice in enumerate(choices):
+        expected = cold_alone(tiny_model, prompt, SamplingParams(max_tokens=8, temperature=0.9, seed=3 + i))
+        assert engine.result(choice).output_ids == expected, choice
+    assert len({engine.result(c).output_ids for c in choices}) == 3
+    cows = [e for e in events if e["type"] == "page_cow"]
+    assert [e["index"] for e in cows] == [9, 9]  # two copies; the last holder writes in place
+    assert sum(e["type"] == "fork" for e in events) == 2
+    assert_no_leak(engine)
+
+
+def test_aborting_the_first_choice_before_the_fork_aborts_its_siblings(tiny_model):
+    """Siblings that never forked cannot start: they are aborted with the first choice and free everything."""
+    rnd = random.Random(19)
+    engine = Engine(EngineConfig(prefill_chunk=64), model=tiny_model)
+    rid = engine.submit(tokens(rnd, 300), SamplingParams(max_tokens=4), n=3)
+    engine.abort(rid, at_step=2)
+    drive(engine)
+    assert {engine.result(c).finish_reason for c in engine.choices(rid)} == {"abort"}
+    assert_no_leak(engine)
