@@ -47,7 +47,9 @@ class CacheManager:
         self.config = config
         self.slots = SlotPool(config.num_slots)
         self.pages = PagePool(config.num_pages, config.page_size)
-        self.tree = RadixTree(config.page_size)
+        # Snapshots may sit at any page boundary (a chunk-exact slot carries its pending rows), though
+        # track snapshots are only written at 64-multiples; transfer's finish donation uses the rest.
+        self.tree = RadixTree(config.page_size, snapshot_align=config.page_size)
         self.states, self.device, self.stream, self.events = states, device, stream, instrumentation
         self.copy_stream, self.fences, self.kv = copy_stream, fences, kv
         self.evictions = 0
@@ -153,10 +155,14 @@ class CacheManager:
             self.events.emit("evict", pages=list(pages), slots=list(slots))
 
     # -- forwards ----------------------------------------------------------------------------
-    def track_target(self, request: Request, start: int, length: int) -> Commit | None:
-        """The ping-pong slot a forward over [start, start+length) writes its deepest boundary into."""
+    def track_target(self, request: Request, start: int, length: int, *, prefill: bool) -> Commit | None:
+        """The ping-pong slot a forward over [start, start+length) writes its deepest 64-boundary into.
+
+        ``copy`` tracks decode steps too, so the decoded part of a sequence reaches the tree through
+        processed snapshots only. ``transfer`` (the original design) tracks prefill chunks only and
+        hands the decoded state over at finish, by giving the tree the live slot itself."""
         deepest = (start + length) // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN
-        if deepest <= start:
+        if deepest <= start or (not prefill and self.config.donate_policy == "transfer"):
             return None
         slot = request.pingpong[request.next_pingpong]
         request.next_pingpong ^= 1
@@ -188,14 +194,19 @@ class CacheManager:
         return clone
 
     def _donate_transfer(self, request: Request, tokens: list[int], slot: int, role: str) -> None:
+        """The original design: the tree takes ``slot`` itself. A ping-pong slot is replaced so the
+        request can keep tracking; without a replacement the donation is skipped (never slot 0)."""
         owner = _owner(request, role)
+        replacement = None
+        if role == "pingpong":
+            if not self._ensure(pages=0, slots=1):
+                return
+            replacement = self._alloc_slot(owner)
         self.slots.transfer(slot, owner, TREE_SLOTS)
+        self.events.emit("transfer", rid=request.rid, slot=slot, role=role)
         self._donate(request, tokens, slot)
-        replacement = self._alloc_slot(owner) if self.slots.free_count or self._ensure(pages=0, slots=1) else None
-        if role == "live":
-            request.live_slot = replacement or 0
-        else:
-            request.pingpong[request.pingpong.index(slot)] = replacement or 0
+        if replacement is not None:
+            request.pingpong[request.pingpong.index(slot)] = replacement
 
     def _donate(self, request: Request, tokens: list[int], slot: int | None) -> None:
         pages = request.pages[: len(tokens) // self.config.page_size]
@@ -208,13 +219,21 @@ class CacheManager:
                          stored=result.snapshot_stored, policy=self.config.donate_policy)
 
     def finish(self, request: Request) -> None:
-        """Donate the final snapshot (policy-dependent), then release everything the request holds."""
-        final = request.scheduled_len if request.scheduled_len == request.total_len else None
-        if (self.config.enable_cache and self.config.donate_policy == "transfer" and final
-                and final % SNAPSHOT_ALIGN == 0):
-            tokens = request.tokens()[:final]
-            if self.tree.match(tokens, request.extra_key).cached_len != final:
+        """Donate the final state (``transfer`` only: the live slot, zero-copy, when the computed length
+        is page-aligned), then release everything the request holds.
+
+        The live slot holds the state of every token but the last sampled one. Under overlap a batch
+        built before this finish may still feed that token into the live slot: with ``transfer`` it
+        then writes into the tree's snapshot — the aliasing hazard. ``copy`` donates only processed
+        track snapshots (at commit), so nothing in flight can reach the tree.
+        """
+        computed = request.total_len - 1
+        if (self.config.enable_cache and self.config.donate_policy == "transfer"
+                and computed and computed % self.config.page_size == 0):
+            tokens = request.tokens()[:computed]
+            if self.tree.match(tokens, request.extra_key).cached_len != computed:
                 self._donate_transfer(request, tokens, request.live_slot, "live")
+                request.live_slot = 0
         self.release(request)
 
     def release(self, request: Request) -> None:

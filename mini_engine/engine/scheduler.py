@@ -65,7 +65,7 @@ class Scheduler:
         else:
             return None
         self.cache.copy_on_write(request, start, end)
-        track = self.cache.track_target(request, start, end - start)
+        track = self.cache.track_target(request, start, end - start, prefill=tokens is not None)
         if track is not None:
             self.cache.events.emit("snapshot_write", rid=request.rid, slot=track.slot, position=track.position)
         request.scheduled_len = end
