@@ -236,3 +236,31 @@ def test_aborting_the_first_choice_before_the_fork_aborts_its_siblings(tiny_mode
     drive(engine)
     assert {engine.result(c).finish_reason for c in engine.choices(rid)} == {"abort"}
     assert_no_leak(engine)
+
+
+def finish_then_hit(tiny_model, reference, seed, **config):
+    """A request stops at a page-aligned length; a follow-up extends its output. Returns (hit, exact)."""
+    rnd = random.Random(seed)
+    prompt = tokens(rnd, 44)
+    free = reference(prompt, 10)
+    engine = Engine(EngineConfig(device_seed=seed, **config), model=tiny_model)
+    engine.submit(prompt, SamplingParams(max_tokens=10, stop_token_ids=(free[4],)))  # 44 + 4 fed = 48
+    drive(engine)
+    follow = prompt + free[:4] + tokens(rnd, 5)
+    rid = engine.submit(follow, SamplingParams(max_tokens=6))
+    drive(engine)
+    result = engine.result(rid)
+    return result.cached_tokens == 48, list(result.output_ids) == reference(follow, 6)
+
+
+def test_transfer_is_exact_without_overlap_and_aliases_with_it(tiny_model, reference):
+    """The first seed's hazard, by mechanism: under ``transfer`` the finished request's live slot goes to
+    the tree; without overlap nothing writes it again (hits exact), with overlap the batch built before
+    the finish still feeds the stop token into it (hits wrong)."""
+    seeds = [s for s in range(12) if reference(tokens(random.Random(s), 44), 10)[4]
+             not in reference(tokens(random.Random(s), 44), 10)[:4]][:4]
+    assert seeds
+    assert all(finish_then_hit(tiny_model, reference, s, donate_policy="transfer") == (True, True) for s in seeds)
+    aliased = [finish_then_hit(tiny_model, reference, s, donate_policy="transfer", overlap=True) for s in seeds]
+    assert all(hit for hit, _ in aliased) and not all(exact for _, exact in aliased)
+    assert all(finish_then_hit(tiny_model, reference, s, overlap=True)[1] for s in seeds)
