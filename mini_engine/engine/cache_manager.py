@@ -95,7 +95,7 @@ class CacheManager:
             touched = [parent.live_slot, child.live_slot]
             self.fences.before(self.stream, touched)
             src, dst = parent.live_slot, child.live_slot
-            self.device.launch(self.stream, lambda s=src, d=dst: self.states.copy_slot(d, s), label=f"fork:{src}->{dst}")
+            self.device.launch(self.stream, lambda s=src, d=dst, n=parent.fork_at: self.states.copy_slot(d, s, n), label=f"fork:{src}->{dst}")
             self.fences.after(self.stream, touched)
             child.scheduled_len, child.cached_len = parent.fork_at, parent.cached_len
             self.events.emit("fork", rid=child.rid, parent=parent.rid, src=src, dst=dst, position=parent.fork_at)
@@ -130,7 +130,7 @@ class CacheManager:
         if source is None:
             self.device.launch(self.stream, lambda: self.states.clear_slot(live), label=f"clear:{live}")
         else:
-            self.device.launch(self.stream, lambda: self.states.copy_slot(live, source),
+            self.device.launch(self.stream, lambda n=request.cached_len: self.states.copy_slot(live, source, n),
                                label=f"restore:{source}->{live}")
         self.fences.after(self.stream, touched)
         if source is not None:
@@ -178,16 +178,16 @@ class CacheManager:
         if self.tree.match(tokens, request.extra_key).cached_len == commit.position:
             return  # the tree has this snapshot already
         if self.config.donate_policy == "copy":
-            self._donate(request, tokens, self._clone(commit.slot))
+            self._donate(request, tokens, self._clone(commit.slot, commit.position))
         else:
             self._donate_transfer(request, tokens, commit.slot, "pingpong")
 
-    def _clone(self, source: int) -> int | None:
+    def _clone(self, source: int, length: int) -> int | None:
         if not self._ensure(pages=0, slots=1):
             return None
         clone = self._alloc_slot(TREE_SLOTS)
         self.fences.before(self.copy_stream, [source, clone])
-        self.device.launch(self.copy_stream, lambda: self.states.copy_slot(clone, source),
+        self.device.launch(self.copy_stream, lambda: self.states.copy_slot(clone, source, length),
                            label=f"clone:{source}->{clone}")
         self.fences.after(self.copy_stream, [source, clone])
         self.events.emit("clone", src=source, dst=clone)

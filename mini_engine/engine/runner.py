@@ -101,8 +101,7 @@ class ModelRunner:
 
     def _write_snapshot(self, slot: int, snapshot) -> None:
         self.states.conv[slot].copy_(snapshot.conv)
-        self.states.rec[slot].copy_(snapshot.rec)
-        self.states.pending[slot].zero_()
+        self.states.rec[slot].copy_(snapshot.rec)  # at a 64-multiple: no pending rows
 
     @staticmethod
     def _sample(logits: torch.Tensor, request: Request, position: int) -> int:

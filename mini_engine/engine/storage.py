@@ -33,19 +33,24 @@ class StateStorage:
         self.pending = device.zeros(*shape, SNAPSHOT_ALIGN - 1, pending_width(config))
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
 
-    def copy_slot(self, dst: int, src: int) -> None:
-        """Device-side body of a clone or restore: every byte of ``src`` into ``dst``."""
-        for t in (self.conv, self.rec, self.pending):
-            t[dst].copy_(t[src])
+    def copy_slot(self, dst: int, src: int, length: int) -> None:
+        """Device-side body of a clone, restore or fork of a state of ``length`` tokens: conv, rec and
+        the ``length % 64`` pending rows that mean something (the rest of the buffer is never read)."""
+        rows = length % SNAPSHOT_ALIGN
+        self.conv[dst].copy_(self.conv[src])
+        self.rec[dst].copy_(self.rec[src])
+        self.pending[dst, :, :rows].copy_(self.pending[src, :, :rows])
 
     def clear_slot(self, slot: int) -> None:
-        """Device-side body of a cold start: the empty state."""
-        for t in (self.conv, self.rec, self.pending):
-            t[slot].zero_()
+        """Device-side body of a cold start: the empty state (no pending rows to clear)."""
+        self.conv[slot].zero_()
+        self.rec[slot].zero_()
 
-    def slot_bytes(self, slot: int) -> torch.Tensor:
-        """The slot's exact bytes as one flat tensor (for checksums)."""
-        return torch.cat([t[slot].reshape(-1) for t in (self.conv, self.rec, self.pending)])
+    def slot_bytes(self, slot: int, length: int) -> torch.Tensor:
+        """The exact bytes that define a state of ``length`` tokens in ``slot`` (for checksums)."""
+        rows = length % SNAPSHOT_ALIGN
+        return torch.cat([self.conv[slot].reshape(-1), self.rec[slot].reshape(-1),
+                          self.pending[slot, :, :rows].reshape(-1)])
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.conv[slot].clone(), self.rec[slot].clone(),
