@@ -48,14 +48,17 @@ def pair(request, tmp_path_factory):
 
 @pytest.mark.parametrize("length", [1, 63, 64, 65, 200])
 def test_logits_match(pair, length):
-    """Logits at every position agree with transformers to <= 1e-4 max-abs in float32."""
+    """Logits at every position agree with transformers to 5e-6 of the logits' scale in float32.
+
+    The bound is relative because float32 error grows with the logits: on the tied model (logits up to
+    ~72) transformers' own float32 differs from its float64 by 1.5e-4, twice as much as ours does."""
     hf, ours = pair
     ids = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(length))
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
     got = ours([ids], [ours.new_state()], all_logits=True)[0].logits
     assert got.shape == expected.shape
-    assert (got - expected).abs().max().item() <= 1e-4
+    assert (got - expected).abs().max().item() <= 5e-6 * expected.abs().max().item()
 
 
 def test_greedy_generation_matches(pair):
