@@ -74,6 +74,7 @@ class EvictResult(NamedTuple):
     freed_slots: tuple[int, ...]
     removed_nodes: int
     tombstoned_nodes: int
+    locked_slots: tuple[int, ...] = ()  # respect_snapshot_locks=False only: slots taken from locked nodes
 
 
 @dataclass
@@ -82,6 +83,7 @@ class _Freed:
     slots: list[int] = field(default_factory=list)
     removed: int = 0
     tombstoned: int = 0
+    locked_slots: list[int] = field(default_factory=list)
 
 
 class _Walk(NamedTuple):
@@ -311,7 +313,8 @@ class RadixTree:
             node = parent
         return path[::-1]
 
-    def evict(self, pages_needed: int = 0, snapshots_needed: int = 0) -> EvictResult:
+    def evict(self, pages_needed: int = 0, snapshots_needed: int = 0, *,
+              respect_snapshot_locks: bool = True) -> EvictResult:
         """Free at least the asked pages / slots if possible and report what was freed. Mutates.
 
         (1) Every unlocked tombstone leaf goes, need or not (unmatchable waste). (2) Snapshot LRU:
@@ -320,6 +323,10 @@ class RadixTree:
         queue. Deleting a node deletes any ancestor it leaves as an unlocked tombstone leaf. A node
         with any lock is never touched; ties break by node id. Falls short silently when nothing
         more is evictable. Raises ValueError on a negative need only.
+
+        ``respect_snapshot_locks=False`` is the fault ``evict_locked=on``: snapshot LRU also takes the
+        slot of a locked node (leaving a locked tombstone, so lock accounting stays whole) and reports
+        it in ``locked_slots``. Pages of locked nodes are still never touched.
         """
         if pages_needed < 0 or snapshots_needed < 0:
             raise ValueError(f"evict: pages_needed={pages_needed}, snapshots_needed={snapshots_needed} "
@@ -327,20 +334,24 @@ class RadixTree:
         freed = _Freed()
         for leaf in [n for n in self._nodes() if self._prunable(n)]:
             self._remove_leaf(leaf, freed)  # cascades climb through ancestors, never a listed leaf
-        self._evict_snapshots(snapshots_needed, freed)
+        self._evict_snapshots(snapshots_needed, freed, respect_snapshot_locks)
         self._evict_leaves(pages_needed, freed)
-        return EvictResult(tuple(freed.pages), tuple(freed.slots), freed.removed, freed.tombstoned)
+        return EvictResult(tuple(freed.pages), tuple(freed.slots), freed.removed, freed.tombstoned,
+                           tuple(freed.locked_slots))
 
-    def _evict_snapshots(self, needed: int, freed: _Freed) -> None:
-        """Snapshot LRU: tombstone internal holders, delete leaf holders. Mutates."""
+    def _evict_snapshots(self, needed: int, freed: _Freed, respect_locks: bool) -> None:
+        """Snapshot LRU: tombstone internal (or, ignoring locks, locked) holders, delete leaf holders. Mutates."""
         heap = [(n.snapshot_stamp, n.node_id, n) for n in self._nodes()
-                if n.snapshot_slot is not None and self._snapshot_droppable(n)]
+                if n.snapshot_slot is not None and (self._snapshot_droppable(n) or not respect_locks)]
         heapq.heapify(heap)
         while heap and len(freed.slots) < needed:
             node = heapq.heappop(heap)[2]
-            if node.children:
+            locked = not self._snapshot_droppable(node)
+            if node.children or locked:
                 freed.slots.append(self._take_slot(node))
                 freed.tombstoned += 1
+                if locked:
+                    freed.locked_slots.append(freed.slots[-1])
             else:
                 self._remove_leaf(node, freed)
 

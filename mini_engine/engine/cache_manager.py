@@ -2,7 +2,8 @@
 
 Lifecycle of a request's cache state (DESIGN.md §3)::
 
-    admit:   match -> lock node -> alloc live + 2 ping-pong slots + pages -> restore (or clear) live
+    admit:   match -> lock node -> alloc live + 2 ping-pong slots + pages -> clear live (cold)
+    first forward built: restore the hit's snapshot into the live slot (the lock guards the gap)
     forward: each forward crossing a 64-boundary writes that state into the next ping-pong slot
     commit:  when that forward's results are processed, donate the snapshot (+ pages) to the tree
     finish:  donate the final snapshot, unlock, free what the request owns
@@ -13,6 +14,10 @@ slot on the copy stream, behind the forward that wrote it; the request keeps its
 ``transfer`` (the original design) hands the slot id itself to the tree and gives the request a
 replacement; at finish the tree takes the *live* slot when the final length is a 64-multiple
 (zero-copy) — a batch already built under overlap still names that id.
+
+Faults (``mini_engine.engine.faults``) switch single safeguards off here: the barriers
+(``admission_barrier=off``), copy-on-donate (``donate=transfer``), page copy-on-write
+(``page_cow=off``) and snapshot locks during eviction (``evict_locked=on``).
 
 Barriers: restores and clears run on the compute stream, clones on the copy stream; every one of
 them waits, through ``SlotFences``, for the other stream's last op on the slots it touches — so a
@@ -56,7 +61,8 @@ class CacheManager:
 
     # -- admission ---------------------------------------------------------------------------
     def try_admit(self, request: Request) -> bool:
-        """Match, lock, allocate (for the request and its unforked siblings) and queue the restore.
+        """Match, lock, allocate (for the request and its unforked siblings); a hit's restore waits for
+        its first forward (``restore_before_forward``), a cold live slot is cleared now.
 
         All or nothing: False, holding nothing, when slots or pages are short even after eviction.
         The matched node is locked *before* evicting, so eviction can never take the hit away.
@@ -80,7 +86,10 @@ class CacheManager:
             if member is not request:
                 member.pages = [-1] * shared + list(self.pages.alloc(_owner(member, "kv"), pages - shared))
         request.scheduled_len = match.cached_len
-        self._restore(request)
+        if request.restore_slot is None:
+            self._clear(request.live_slot)  # a fresh live slot starts empty
+        else:
+            request.restore_pending = True  # restored when its first forward is built (restore_before_forward)
         return True
 
     def fork(self, parent: Request) -> list[Request]:
@@ -109,6 +118,9 @@ class CacheManager:
             page = request.pages[index]
             if not self.pages.is_shared(page):
                 continue
+            if "page_cow=off" in self.config.faults:
+                self.events.emit("fault", name="page_cow=off", site="write", rid=request.rid, page=page, index=index)
+                continue
             (copy,) = self.pages.alloc(_owner(request, "kv"), 1) if self._ensure(pages=1, slots=0) else (None,)
             if copy is None:
                 raise RuntimeError(f"no page left for copy-on-write of page {page} (request {request.rid}); "
@@ -123,25 +135,44 @@ class CacheManager:
             return self.tree.match([], request.extra_key)
         return self.tree.match(request.prompt[:-1], request.extra_key)  # always compute >= 1 token
 
-    def _restore(self, request: Request) -> None:
+    def _clear(self, slot: int) -> None:
+        self.fences.before(self.stream, [slot])
+        self.device.launch(self.stream, lambda: self.states.clear_slot(slot), label=f"clear:{slot}")
+        self.fences.after(self.stream, [slot])
+
+    def restore_before_forward(self, request: Request) -> None:
+        """Queue a hit's restore (snapshot -> live slot) ahead of its first forward, exactly once.
+
+        Between admission and this call only the snapshot lock keeps the source slot from being
+        evicted and reused (``evict_locked=on`` removes that); the barrier orders the copy after
+        every prior write to the source, e.g. the donation clone that filled it."""
+        if not request.restore_pending:
+            return
+        request.restore_pending = False
         live, source = request.live_slot, request.restore_slot
-        touched = [live] if source is None else [live, source]
-        self.fences.before(self.stream, touched)
-        if source is None:
-            self.device.launch(self.stream, lambda: self.states.clear_slot(live), label=f"clear:{live}")
-        else:
-            self.device.launch(self.stream, lambda n=request.cached_len: self.states.copy_slot(live, source, n),
-                               label=f"restore:{source}->{live}")
-        self.fences.after(self.stream, touched)
-        if source is not None:
-            self.events.emit("restore", rid=request.rid, src=source, dst=live, position=request.cached_len)
+        self._barrier(self.stream, [live, source], site="restore", rid=request.rid)
+        self.device.launch(self.stream, lambda n=request.cached_len: self.states.copy_slot(live, source, n),
+                           label=f"restore:{source}->{live}")
+        self.fences.after(self.stream, [live, source])
+        self.events.emit("restore", rid=request.rid, src=source, dst=live, position=request.cached_len)
+
+    def _barrier(self, stream: Stream, slots: list[int], *, site: str, **ids) -> None:
+        """The admission / donation barrier: ``stream``'s next op waits for the other streams' last
+        ops on ``slots`` -- unless ``admission_barrier=off``, which records where a wait was skipped."""
+        if "admission_barrier=off" not in self.config.faults:
+            self.fences.before(stream, slots)
+        elif self.fences.outstanding(stream, slots):
+            self.events.emit("fault", name="admission_barrier=off", site=site, slots=list(slots), **ids)
 
     def _ensure(self, *, pages: int, slots: int) -> bool:
         """Evict from the tree until ``pages`` pages and ``slots`` slots are free; False if impossible."""
         short_pages = max(0, pages - self.pages.free_count)
         short_slots = max(0, slots - self.slots.free_count)
         if short_pages or short_slots:
-            result = self.tree.evict(pages_needed=short_pages, snapshots_needed=short_slots)
+            result = self.tree.evict(pages_needed=short_pages, snapshots_needed=short_slots,
+                                     respect_snapshot_locks="evict_locked=on" not in self.config.faults)
+            for slot in result.locked_slots:
+                self.events.emit("fault", name="evict_locked=on", site="evict", slot=slot)
             self._release_tree(result.freed_pages, result.freed_slots)
         return self.pages.free_count >= pages and self.slots.free_count >= slots
 
@@ -186,7 +217,7 @@ class CacheManager:
         if not self._ensure(pages=0, slots=1):
             return None
         clone = self._alloc_slot(TREE_SLOTS)
-        self.fences.before(self.copy_stream, [source, clone])
+        self._barrier(self.copy_stream, [source, clone], site="clone", src=source, dst=clone)
         self.device.launch(self.copy_stream, lambda: self.states.copy_slot(clone, source, length),
                            label=f"clone:{source}->{clone}")
         self.fences.after(self.copy_stream, [source, clone])
@@ -204,6 +235,7 @@ class CacheManager:
             replacement = self._alloc_slot(owner)
         self.slots.transfer(slot, owner, TREE_SLOTS)
         self.events.emit("transfer", rid=request.rid, slot=slot, role=role)
+        self.events.emit("fault", name="donate=transfer", site="donate", rid=request.rid, slot=slot, role=role)
         self._donate(request, tokens, slot)
         if replacement is not None:
             request.pingpong[request.pingpong.index(slot)] = replacement

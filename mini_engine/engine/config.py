@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from mini_engine.constants import SNAPSHOT_ALIGN
+from mini_engine.engine.faults import parse_faults
 
 __all__ = ["DONATE_POLICIES", "EngineConfig"]
 
@@ -25,10 +27,23 @@ class EngineConfig:
     enable_cache: bool = True
     donate_policy: str = "copy"  # "copy": tree gets a private clone; "transfer": tree takes the slot id
     max_context: int = 4096
+    max_media_bytes: int = 4096  # per media item
     threads: int | None = 1  # torch intra-op threads; small ops lose badly to oversubscription
     debug: bool = False  # check every pool's and the tree's integrity after every step
+    # Safeguards switched off (``mini_engine.engine.faults.FAULTS``); "donate=transfer" and
+    # donate_policy="transfer" are the same thing and each implies the other.
+    faults: Iterable[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
+        try:
+            faults = parse_faults(self.faults)
+        except ValueError as err:
+            raise ValueError(f"EngineConfig.faults: {err}") from None
+        if self.donate_policy == "transfer":
+            faults |= {"donate=transfer"}
+        object.__setattr__(self, "faults", faults)
+        if "donate=transfer" in faults:
+            object.__setattr__(self, "donate_policy", "transfer")
         if self.page_size < 1 or SNAPSHOT_ALIGN % self.page_size:
             raise ValueError(f"EngineConfig.page_size={self.page_size} must divide {SNAPSHOT_ALIGN}")
         if self.prefill_chunk < SNAPSHOT_ALIGN or self.prefill_chunk % SNAPSHOT_ALIGN:
@@ -36,7 +51,7 @@ class EngineConfig:
                              f"of {SNAPSHOT_ALIGN}")
         if self.donate_policy not in DONATE_POLICIES:
             raise ValueError(f"EngineConfig.donate_policy={self.donate_policy!r}; allowed: {DONATE_POLICIES}")
-        for name in ("num_pages", "num_slots", "max_running", "max_context"):
+        for name in ("num_pages", "num_slots", "max_running", "max_context", "max_media_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1; got {getattr(self, name)}")
         if self.num_slots < 3 * self.max_running:
@@ -44,3 +59,7 @@ class EngineConfig:
                              f"({3 * self.max_running}): each running request holds a live and two ping-pong slots")
         if self.device not in ("sim", "cuda"):
             raise ValueError(f"EngineConfig.device must be 'sim' or 'cuda'; got {self.device!r}")
+
+    def has_fault(self, name: str) -> bool:
+        """Whether the safeguard ``name`` removes is switched off (``name`` must be a known fault)."""
+        return name in parse_faults([name]) & self.faults

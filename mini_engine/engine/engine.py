@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -33,8 +33,18 @@ from mini_engine.engine.scheduler import Scheduler
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation, Sink
 from mini_engine.model import ByteTokenizer, HybridModel, load_model
+from mini_engine.model.tokenizer import MEDIA_TOKEN
 
-__all__ = ["Engine", "RequestResult"]
+__all__ = ["Engine", "RequestResult", "media_digest"]
+
+
+def media_digest(items: Sequence[bytes]) -> str:
+    """A stable digest of media items (length-prefixed, so item boundaries count)."""
+    h = hashlib.blake2b(digest_size=8)
+    for item in items:
+        h.update(len(item).to_bytes(8, "little"))
+        h.update(item)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ class RequestResult:
     cache_key: str  # digest of (extra key, prompt): what the cache was asked for
     restored_slot: int | None
     text: str  # the output decoded, cut before the first stop string
+    media_digest: str | None = None  # digest of the media the request carried (None: no media)
 
 
 class Engine:
@@ -68,11 +79,13 @@ class Engine:
                                   self.events)
         self.scheduler = Scheduler(config, self.cache)
         pages_per_seq = -(-config.max_context // config.page_size)
+        fenced = "metadata_fence=off" not in config.faults
         self.metadata = ResidentDecodeMetadata(
             self.device, self.copy, (config.max_running, pages_per_seq + pages_per_seq % 2),
-            instrumentation=self.events)
+            fence=fenced, predecessor=fenced, instrumentation=self.events)
         self.runner = ModelRunner(self.model, self.states, self.kv, self.device, self.compute, self.metadata,
-                                  self.fences)
+                                  self.fences, instrumentation=self.events,
+                                  track_writer="track_writer=off" not in config.faults)
         self.requests: dict[str, Request] = {}
         self.steps = 0
         self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)
@@ -81,16 +94,18 @@ class Engine:
 
     # -- the embedded API ----------------------------------------------------------------------
     def submit(self, prompt: list[int] | str, params: SamplingParams | None = None, *, rid: str | None = None,
-               extra_key: str = "", at_step: int | None = None, n: int = 1) -> str:
-        """Queue a request (now, or when step ``at_step`` begins); returns its id.
+               extra_key: str = "", at_step: int | None = None, n: int = 1, media: Sequence[bytes] = ()) -> str:
+        """Queue a request (now, or when step ``at_step`` begins); returns its id. Raises ValueError on bad input.
 
         ``n > 1`` asks for n choices: the first computes the prompt, the others fork from its state
         before the last prompt token (sharing its pages, copy-on-write) and sample with seeds
-        ``seed + i``; ``choices(rid)`` lists their ids.
+        ``seed + i``; ``choices(rid)`` lists their ids. ``media`` holds one byte string per
+        ``<|media|>`` placeholder of the prompt; their digest joins the cache key.
         """
         if not 1 <= n <= self.config.max_running:
             raise ValueError(f"n must be in [1, max_running={self.config.max_running}]; got {n}")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        media, digest = self._check_media(ids, media)
         rid = rid or f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"request id {rid!r} is already in use")
@@ -99,14 +114,40 @@ class Engine:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                              f"context of {self.config.max_context}")
         arrival = self.steps if at_step is None else at_step
-        request = Request(rid, ids, params, extra_key, arrival_step=arrival)
-        request.children = [Request(f"{rid}#{i}", ids, replace(params, seed=params.seed + i), extra_key,
-                                    arrival_step=arrival) for i in range(1, n)]
+        extra_key = self._cache_extra_key(rid, extra_key, digest)
+        positions = tuple(i for i, t in enumerate(ids) if t == self.tokenizer.media_token_id)
+        members = [Request(rid if i == 0 else f"{rid}#{i}", ids, replace(params, seed=params.seed + i), extra_key,
+                           arrival_step=arrival, media=media, media_digest=digest, media_positions=positions)
+                   for i in range(n)]
+        request, request.children = members[0], members[1:]
         request.fork_at = len(ids) - 1 if n > 1 else None
         for member in (request, *request.children):
             self.requests[member.rid] = member
         self._at(at_step, lambda: self.scheduler.waiting.append(request))
         return rid
+
+    def _check_media(self, ids: list[int], media: Sequence[bytes]) -> tuple[tuple[bytes, ...], str | None]:
+        items = tuple(media)
+        for i, item in enumerate(items):
+            if not isinstance(item, (bytes, bytearray)):
+                raise ValueError(f"media[{i}] must be bytes; got {type(item).__name__}")
+            if len(item) > self.config.max_media_bytes:
+                raise ValueError(f"media[{i}] holds {len(item)} bytes; at most max_media_bytes="
+                                 f"{self.config.max_media_bytes} are allowed")
+        placeholders = ids.count(self.tokenizer.media_token_id)
+        if placeholders != len(items):
+            raise ValueError(f"the prompt has {placeholders} {MEDIA_TOKEN} placeholder(s) but {len(items)} "
+                             "media item(s) were given; put one placeholder where each item goes")
+        return tuple(bytes(i) for i in items), (media_digest(items) if items else None)
+
+    def _cache_extra_key(self, rid: str, extra_key: str, digest: str | None) -> str:
+        """The extra part of the cache key: the caller's plus the media digest (unless ``media_key=off``)."""
+        if digest is None:
+            return extra_key
+        if "media_key=off" in self.config.faults:
+            self.events.emit("fault", name="media_key=off", site="submit", rid=rid, media_digest=digest)
+            return extra_key
+        return f"{extra_key}|media:{digest}"
 
     def choices(self, rid: str) -> list[str]:
         """The ids of every choice of the request submitted as ``rid`` (just ``[rid]`` when n == 1)."""
@@ -157,7 +198,7 @@ class Engine:
         r = self.requests[rid]
         key = hashlib.blake2b(repr((r.extra_key, r.prompt)).encode(), digest_size=8).hexdigest()
         return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key,
-                             r.restore_slot, self._text(r)[0])
+                             r.restore_slot, self._text(r)[0], r.media_digest)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()

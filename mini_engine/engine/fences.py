@@ -26,14 +26,18 @@ class SlotFences:
 
     def before(self, stream: Stream, slots: Iterable[int]) -> None:
         """Order the next op on ``stream`` after every other stream's last op on ``slots``. Mutates (queues waits)."""
+        for event in self.outstanding(stream, slots):
+            self.device.wait_event(stream, event)
+            self.waits += 1
+
+    def outstanding(self, stream: Stream, slots: Iterable[int]) -> list[Event]:
+        """The other streams' incomplete last-op events on ``slots`` (what ``before`` would wait for). Pure."""
         pending = {}
         for slot in slots:
             for name, event in self._last[slot].items():
                 if name != stream.name and not self.device.is_complete(event):
                     pending[id(event)] = event
-        for event in pending.values():
-            self.device.wait_event(stream, event)
-            self.waits += 1
+        return list(pending.values())
 
     def after(self, stream: Stream, slots: Iterable[int]) -> Event:
         """Record that the op just queued on ``stream`` touched ``slots``; returns its event. Mutates."""

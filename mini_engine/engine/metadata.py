@@ -125,6 +125,7 @@ class ResidentDecodeMetadata:
         if not self.fence:
             self._enqueue_copy(buffer, shard, key, attempt=1)
             self._clean_keys[buffer][shard] = key
+            self._emit("fault", name="metadata_fence=off", site="metadata_upload", buffer=buffer, shard=shard)
             return
         for attempt in range(1, self.max_attempts + 1):
             if attempt > 1:

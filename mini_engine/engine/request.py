@@ -47,8 +47,10 @@ class Request:
     rid: str
     prompt: list[int]
     params: SamplingParams
-    extra_key: str = ""
+    extra_key: str = ""  # the cache key's extra part (media digest, model id): what the tree is asked with
     arrival_step: int = 0
+    media: tuple[bytes, ...] = ()  # one item per media placeholder of the prompt, in order
+    media_digest: str | None = None
     status: Status = Status.QUEUED
     outputs: list[int] = field(default_factory=list)
     finish_reason: str | None = None
@@ -56,6 +58,7 @@ class Request:
     match_node: RadixNode | None = None
     cached_len: int = 0
     restore_slot: int | None = None
+    restore_pending: bool = False  # admitted on a hit; the restore is queued with the first forward
     live_slot: int = 0
     pingpong: list[int] = field(default_factory=list)
     next_pingpong: int = 0
@@ -68,9 +71,18 @@ class Request:
     children: list[Request] = field(default_factory=list)
     fork_at: int | None = None
 
+    media_positions: tuple[int, ...] = ()  # prompt positions of the media placeholders
+
     def __post_init__(self) -> None:
         if not self.prompt:
             raise ValueError(f"request {self.rid!r}: the prompt must hold at least one token")
+        if len(self.media_positions) != len(self.media):
+            raise ValueError(f"request {self.rid!r}: the prompt has {len(self.media_positions)} media "
+                             f"placeholder(s) but {len(self.media)} media item(s) were given")
+
+    def media_in(self, start: int, end: int) -> tuple[tuple[int, bytes], ...]:
+        """``(offset from start, item)`` for every media placeholder at prompt positions [start, end)."""
+        return tuple((p - start, item) for p, item in zip(self.media_positions, self.media) if start <= p < end)
 
     @property
     def done(self) -> bool:

@@ -16,7 +16,10 @@ from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import KVStorage, StateStorage
+from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
+from mini_engine.model.hybrid import MediaRows
+from mini_engine.model.media import media_features
 
 __all__ = ["Batch", "BatchItem", "ModelRunner"]
 
@@ -31,6 +34,7 @@ class BatchItem:
     pages: tuple[int, ...]  # page table at build time
     sample: bool  # sample a token after the last position
     track: Commit | None  # where this forward writes the deepest 64-boundary snapshot
+    media: tuple[tuple[int, bytes], ...] = ()  # (offset in this forward, media item) per placeholder fed
 
 
 @dataclass
@@ -47,9 +51,11 @@ class ModelRunner:
     (uploaded only when they change, fenced by a verified readback); prefills carry their own."""
 
     def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
-                 stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences) -> None:
+                 stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences, *,
+                 instrumentation: Instrumentation, track_writer: bool = True) -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
-        self.metadata, self.fences = metadata, fences
+        self.metadata, self.fences, self.events = metadata, fences, instrumentation
+        self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
         self._batches = 0
 
     def launch(self, items: list[BatchItem]) -> Batch:
@@ -61,6 +67,11 @@ class ModelRunner:
                       Event(0), buffer)
         slots = [it.live_slot for it in items] + [it.track.slot for it in items if it.track is not None]
         self.fences.before(self.stream, slots)
+        if not self.track_writer:
+            for it in items:
+                if it.track is not None:
+                    self.events.emit("fault", name="track_writer=off", site="forward", rid=it.request.rid,
+                                     slot=it.track.slot, position=it.track.position)
         self.device.launch(self.stream, lambda: self._forward(batch, shards), label=f"forward#{batch.index}")
         batch.done = self.fences.after(self.stream, slots)
         self.metadata.mark_dispatched(buffer, batch.done)
@@ -82,12 +93,12 @@ class ModelRunner:
         tokens = [it.tokens if it.tokens is not None else self.states.next_token[it.live_slot].reshape(1).clone()
                   for it in items]
         states = [self._gather(it, p) for it, p in zip(items, pages)]
-        outputs = self.model(tokens, states)
+        outputs = self.model(tokens, states, media=[_media_rows(it) for it in items])
         for i, (it, out) in enumerate(zip(items, outputs)):
             self.states.write(it.live_slot, out.state)
             new = slice(it.start, it.start + it.length)
             self.kv.scatter(pages[i], it.start, out.state.keys[:, new], out.state.values[:, new])
-            if it.track is not None and out.snapshots:
+            if it.track is not None and out.snapshots and self.track_writer:
                 self._write_snapshot(it.track.slot, out.snapshots[-1])
             if it.sample:
                 token = self._sample(out.logits[-1], it.request, it.start + it.length)
@@ -113,3 +124,10 @@ class ModelRunner:
         probs = probs / probs.sum()
         gen = torch.Generator().manual_seed(params.seed * 1_000_003 + position)
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _media_rows(item: BatchItem) -> MediaRows | None:
+    if not item.media:
+        return None
+    rows = torch.tensor([offset for offset, _ in item.media])
+    return rows, torch.stack([media_features(data) for _, data in item.media])

@@ -64,6 +64,7 @@ class Scheduler:
             end, tokens, sample = start + 1, None, True
         else:
             return None
+        self.cache.restore_before_forward(request)
         self.cache.copy_on_write(request, start, end)
         track = self.cache.track_target(request, start, end - start, prefill=tokens is not None)
         if track is not None:
@@ -71,7 +72,9 @@ class Scheduler:
         request.scheduled_len = end
         request.scheduled_samples += int(sample)
         request.in_flight += 1
-        return BatchItem(request, start, end - start, tokens, request.live_slot, tuple(request.pages), sample, track)
+        media = request.media_in(start, end) if tokens is not None else ()
+        return BatchItem(request, start, end - start, tokens, request.live_slot, tuple(request.pages), sample, track,
+                         media)
 
     def retire(self, request: Request) -> None:
         if request in self.running:

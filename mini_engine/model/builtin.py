@@ -46,6 +46,8 @@ def init_weights(model: HybridModel, seed: int = DEFAULT_SEED) -> HybridModel:
     """Deterministic random weights with the scales of a trained model (so logits are not flat)."""
     gen = torch.Generator().manual_seed(seed)
     for name, param in sorted(model.named_parameters()):
+        if name.startswith("media_projector."):
+            continue  # seeded by its own constructor, so adding it changed no other weight
         if name.endswith("A_log"):
             param.copy_(torch.empty(param.shape).uniform_(0.0, 2.7, generator=gen))
         elif name.endswith("dt_bias"):

@@ -17,10 +17,14 @@ from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN, ModelConfig
 from mini_engine.model.gdn import GatedDeltaNet, LinearLayerState
 from mini_engine.model.layers import OffsetRMSNorm, SwiGLU, new_linear
+from mini_engine.model.media import MediaProjector
 from mini_engine.model.state import SequenceState, Snapshot
 from mini_engine.ops import invariant as inv
 
-__all__ = ["HybridModel", "StepOutput"]
+__all__ = ["HybridModel", "MediaRows", "StepOutput"]
+
+# Per sequence: (rows of its new tokens that are media placeholders, their [n, MEDIA_FEATURES] features).
+MediaRows = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -57,6 +61,7 @@ class HybridModel(nn.Module):
         self.config = config
         self.model = TextModel(config)
         self.lm_head = None if config.tie_word_embeddings else new_linear(config.hidden_size, config.vocab_size)
+        self.media_projector = MediaProjector(config.hidden_size)  # not a Qwen3.5 tensor: optional on load
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -67,17 +72,21 @@ class HybridModel(nn.Module):
 
     @torch.no_grad()
     def forward(self, tokens: list[torch.Tensor], states: list[SequenceState], *,
-                all_logits: bool = False) -> list[StepOutput]:
-        """Advance each sequence by its new ``tokens`` (1-D long tensors) from its ``state``."""
-        if len(tokens) != len(states):
-            raise ValueError(f"{len(tokens)} token tensors for {len(states)} states")
+                all_logits: bool = False, media: list[MediaRows | None] | None = None) -> list[StepOutput]:
+        """Advance each sequence by its new ``tokens`` (1-D long tensors) from its ``state``.
+
+        ``media[i]``, if given, replaces the embeddings of sequence i's placeholder rows with the
+        projection of their media features."""
+        if len(tokens) != len(states) or (media is not None and len(media) != len(tokens)):
+            raise ValueError(f"{len(tokens)} token tensors for {len(states)} states"
+                             + ("" if media is None else f" and {len(media)} media entries"))
         for t, state in zip(tokens, states):
             if t.dim() != 1 or t.numel() == 0 or not 0 <= int(t.min()) <= int(t.max()) < self.config.vocab_size:
                 raise ValueError(f"tokens must be non-empty 1-D ids in [0, {self.config.vocab_size}); "
                                  f"got shape {tuple(t.shape)}")
             state.check()
         batch = PackedBatch(tuple(s.length for s in states), tuple(t.numel() for t in tokens))
-        x = self.model.embed_tokens(torch.cat(tokens)).float()
+        x = self._embed(tokens, batch, media)
         linear_out, kv_out = [], []
         for layer in self.model.layers:
             x, produced = self._layer(layer, x, batch, states, len(linear_out), len(kv_out))
@@ -89,6 +98,14 @@ class HybridModel(nn.Module):
         bounds = [0, *torch.tensor([p.stop - p.start for p in picks]).cumsum(0).tolist()]
         return [StepOutput(logits[bounds[i] : bounds[i + 1]], *self._advance(i, batch, states[i], linear_out, kv_out))
                 for i in range(batch.size)]
+
+    def _embed(self, tokens: list[torch.Tensor], batch: PackedBatch, media: list[MediaRows | None] | None):
+        x = self.model.embed_tokens(torch.cat(tokens)).float()
+        for i, entry in enumerate(media or ()):
+            if entry is not None:
+                rows, features = entry
+                x[batch.rows(i).start + rows] = self.media_projector(features)
+        return x
 
     def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int):
         h = layer.input_layernorm(x)

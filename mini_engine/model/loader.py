@@ -22,6 +22,7 @@ __all__ = ["CheckpointError", "load_pretrained", "save_pretrained"]
 
 _PREFIXES = ("model.language_model.", "model.")
 _IGNORED = ("mtp.", "model.visual.", "visual.")
+_OPTIONAL = ("media_projector.",)  # ours, not Qwen3.5's: a checkpoint without it keeps the seeded one
 
 
 class CheckpointError(ValueError):
@@ -68,13 +69,13 @@ def load_pretrained(folder: str | Path, *, dtype: torch.dtype = torch.float32) -
     model = HybridModel(config)
     tensors = _read_tensors(folder)
     expected = model.state_dict()
-    missing = sorted(n for n in expected if n not in tensors)
+    missing = sorted(n for n in expected if n not in tensors and not n.startswith(_OPTIONAL))
     misshapen = sorted(f"{n}: checkpoint {tuple(tensors[n].shape)}, expected {tuple(t.shape)}"
                        for n, t in expected.items() if n in tensors and tensors[n].shape != t.shape)
     if missing or misshapen:
         lines = [f"missing tensor {n}" for n in missing] + [f"wrong shape {m}" for m in misshapen]
         raise CheckpointError(f"{folder}: cannot load {len(lines)} tensor(s):\n  " + "\n  ".join(lines))
-    model.load_state_dict({n: tensors[n] for n in expected}, strict=True)
+    model.load_state_dict({n: tensors.get(n, t) for n, t in expected.items()}, strict=True)
     return model.to(dtype).eval()
 
 

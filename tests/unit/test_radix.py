@@ -212,7 +212,7 @@ def test_eviction_never_touches_locked_nodes():
     assert not protected & set(res.freed_pages) and 2 not in res.freed_slots
     assert set(tree.pages()) == protected and set(tree.snapshot_slots()) == {2}
     assert tree.evictable_pages() == tree.evictable_snapshots() == 0
-    assert tree.evict(10, 10) == ((), (), 0, 0)
+    assert tree.evict(10, 10) == ((), (), 0, 0, ())
     with pytest.raises(ValueError, match="pages_needed"):
         tree.evict(pages_needed=-1)
     tree.check_integrity()
@@ -228,6 +228,21 @@ def test_full_eviction_follows_lru_order():
     assert a.parent is b.parent is c.parent is None
 
 
+
+def test_ignoring_snapshot_locks_takes_the_locked_slot_but_keeps_pages_and_locks():
+    """respect_snapshot_locks=False (fault evict_locked=on) frees a locked node's slot, reports it, keeps
+    its pages and its lock, and leaves a tree that still passes integrity and unlocks normally."""
+    tree = RadixTree(16)
+    keep = put(tree, toks(128), slot=2)
+    tree.lock(keep.node)
+    res = tree.evict(pages_needed=10**6, snapshots_needed=1, respect_snapshot_locks=False)
+    assert res.freed_slots == (2,) and res.locked_slots == (2,)
+    assert keep.node.snapshot_slot is None and set(tree.pages()) == set(keep.new_pages)
+    assert tree.match(toks(128), "").cached_len == 0  # a tombstone: nobody else can hit it
+    tree.check_integrity()
+    tree.unlock(keep.node)
+    tree.check_integrity()
+
 def test_snapshot_eviction_tombstones_internal_and_deletes_leaves():
     """Snapshot LRU tombstones an internal holder (pages stay), deletes a leaf holder, prunes tombstones above."""
     tree = RadixTree(16)
@@ -235,10 +250,10 @@ def test_snapshot_eviction_tombstones_internal_and_deletes_leaves():
     n2 = put(tree, toks(128), slot=2)
     tree.match(toks(128), "")
     res = tree.evict(snapshots_needed=1)
-    assert res == ((), (1,), 0, 1) and n1.node.snapshot_slot is None
+    assert res == ((), (1,), 0, 1, ()) and n1.node.snapshot_slot is None
     assert tree.match(toks(128), "").cached_len == 128
     res = tree.evict(snapshots_needed=1)
-    assert res == (n2.new_pages + n1.new_pages, (2,), 2, 0)
+    assert res == (n2.new_pages + n1.new_pages, (2,), 2, 0, ())
     assert tree.total_pages() == 0
     tree.check_integrity()
 
@@ -250,7 +265,7 @@ def test_eviction_prunes_unlocked_tombstone_leaves_only():
     held = put(tree, toks(64, 300))
     tree.lock(held.node)
     res = tree.evict()
-    assert res == (dead.new_pages, (), 1, 0)
+    assert res == (dead.new_pages, (), 1, 0, ())
     assert set(tree.pages()) == set(held.new_pages)
 
 
@@ -260,7 +275,7 @@ def test_full_eviction_reaches_parents_that_become_leaves():
     n1 = put(tree, toks(64), slot=1)
     n2 = put(tree, toks(128), slot=2)
     res = tree.evict(pages_needed=8)
-    assert res == (n2.new_pages + n1.new_pages, (2, 1), 2, 0)
+    assert res == (n2.new_pages + n1.new_pages, (2, 1), 2, 0, ())
 
 
 def test_accounting_views_agree():
