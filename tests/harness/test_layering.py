@@ -1,0 +1,34 @@
+"""Layering (DESIGN.md §2): the harness's evidence readers and pure generators never import the engine."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# package folder -> top-level packages it must not import
+FORBIDDEN = {
+    "forensics": {"mini_engine", "hammer", "probes", "reports"},
+    "probes": {"mini_engine", "hammer", "reports"},
+    "hammer/patterns": {"mini_engine", "reports"},
+}
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("folder", sorted(FORBIDDEN))
+def test_package_imports_nothing_above_or_beside_it(folder):
+    """No module of the folder imports a package its layer may not depend on."""
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert files
+    offenders = {str(f.relative_to(ROOT)): sorted(_imported_packages(f) & FORBIDDEN[folder]) for f in files}
+    assert {f: bad for f, bad in offenders.items() if bad} == {}
