@@ -100,7 +100,8 @@ class Engine:
         ``n > 1`` asks for n choices: the first computes the prompt, the others fork from its state
         before the last prompt token (sharing its pages, copy-on-write) and sample with seeds
         ``seed + i``; ``choices(rid)`` lists their ids. ``media`` holds one byte string per
-        ``<|media|>`` placeholder of the prompt; their digest joins the cache key.
+        ``<|media|>`` placeholder of the prompt (none: placeholders are ordinary tokens); their
+        digest joins the cache key.
         """
         if not 1 <= n <= self.config.max_running:
             raise ValueError(f"n must be in [1, max_running={self.config.max_running}]; got {n}")
@@ -115,7 +116,8 @@ class Engine:
                              f"context of {self.config.max_context}")
         arrival = self.steps if at_step is None else at_step
         extra_key = self._cache_extra_key(rid, extra_key, digest)
-        positions = tuple(i for i, t in enumerate(ids) if t == self.tokenizer.media_token_id)
+        # Without media a placeholder id is an ordinary token (as when the model generates it).
+        positions = tuple(i for i, t in enumerate(ids) if media and t == self.tokenizer.media_token_id)
         members = [Request(rid if i == 0 else f"{rid}#{i}", ids, replace(params, seed=params.seed + i), extra_key,
                            arrival_step=arrival, media=media, media_digest=digest, media_positions=positions)
                    for i in range(n)]
@@ -135,7 +137,7 @@ class Engine:
                 raise ValueError(f"media[{i}] holds {len(item)} bytes; at most max_media_bytes="
                                  f"{self.config.max_media_bytes} are allowed")
         placeholders = ids.count(self.tokenizer.media_token_id)
-        if placeholders != len(items):
+        if items and placeholders != len(items):
             raise ValueError(f"the prompt has {placeholders} {MEDIA_TOKEN} placeholder(s) but {len(items)} "
                              "media item(s) were given; put one placeholder where each item goes")
         return tuple(bytes(i) for i in items), (media_digest(items) if items else None)
