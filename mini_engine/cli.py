@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import click
@@ -17,33 +18,62 @@ def main() -> None:
     """A compact inference engine for hybrid (Gated DeltaNet + attention) models."""
 
 
+def engine_options(command):
+    """The options every engine command takes: the model, the scheduling mode, the device seed, faults."""
+    from mini_engine.engine.faults import FAULTS
+
+    options = [
+        click.option("--model", "model_name", default=None, metavar="NAME|DIR",
+                     help="Built-in model name (default: tiny-random) or a Hugging Face checkpoint folder."),
+        click.option("--overlap", is_flag=True, help="Overlap scheduling: build batch N+1 while batch N runs."),
+        click.option("--device-seed", type=int, default=0, show_default=True, help="Seed of the simulated device."),
+        click.option("--fault", "faults", multiple=True, type=click.Choice(list(FAULTS)), metavar="NAME",
+                     help=f"Switch one safeguard off (repeatable): {', '.join(FAULTS)}."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def build_engine(model_name: str | None, **config):
+    """An engine over the named model; a bad model or setting is a click error naming its option."""
+    from mini_engine.engine import Engine, EngineConfig
+    from mini_engine.model import CheckpointError, load_model
+
+    try:
+        engine_config = EngineConfig(**config)
+    except ValueError as err:
+        field = re.match(r"EngineConfig\.(\w+)", str(err))
+        hint = f"--{field.group(1).replace('_', '-')}" if field else None
+        raise click.BadParameter(str(err), param_hint={"--faults": "--fault"}.get(hint, hint)) from None
+    try:
+        model = load_model(model_name)
+    except (CheckpointError, ValueError) as err:
+        raise click.BadParameter(str(err), param_hint="--model") from None
+    return Engine(engine_config, model=model)
+
+
 @main.command()
 @click.option("--prompt", required=True, help="Text to continue (or the user message with --chat).")
-@click.option("--model", "model_name", default=None, metavar="NAME|DIR",
-              help="Built-in model name (default: tiny-random) or a Hugging Face checkpoint folder.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=32, show_default=True,
               help="Most tokens to generate.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the chat template as a user turn.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Send the same prompt this many times, one after another (the later ones hit the cache).")
-@click.option("--overlap", is_flag=True, help="Overlap scheduling: build batch N+1 while batch N runs.")
-@click.option("--device-seed", type=int, default=0, show_default=True, help="Seed of the simulated device.")
+@engine_options
 def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, repeat: int, overlap: bool,
-             device_seed: int) -> None:
+             device_seed: int, faults: tuple[str, ...]) -> None:
     """Greedy generation through the engine (prefix cache on), printing cached_tokens per run."""
-    from mini_engine.engine import Engine, EngineConfig, SamplingParams
-    from mini_engine.model import CheckpointError, load_model
+    from mini_engine.engine import SamplingParams
 
     if not prompt:
         raise click.BadParameter("must not be empty", param_hint="--prompt")
-    try:
-        model = load_model(model_name)
-    except (CheckpointError, ValueError) as err:
-        raise click.BadParameter(str(err), param_hint="--model") from None
-    engine = Engine(EngineConfig(overlap=overlap, device_seed=device_seed), model=model)
+    engine = build_engine(model_name, overlap=overlap, device_seed=device_seed, faults=faults)
+    model = engine.model
     text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=engine.tokenizer.eos_token_ids)
-    click.echo(f"model: {model.config.name}  device: {engine.device.name} (seed {device_seed})")
+    click.echo(f"model: {model.config.name}  device: {engine.device.name} (seed {device_seed})  "
+               f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}")
     for run in range(1, repeat + 1):
         started = time.perf_counter()
         rid = engine.submit(text, params)
@@ -53,3 +83,30 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
                    f"generated: {len(result.output_ids)} ({result.finish_reason})  {elapsed:.2f} s")
         click.echo(f"  token ids: {list(result.output_ids)}")
         click.echo(f"  text: {engine.tokenizer.decode(result.output_ids, skip_special=True)!r}")
+
+
+@main.command()
+@engine_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to bind.")
+@click.option("--api-key", default=None, envvar="MINI_ENGINE_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1 and /debug (env MINI_ENGINE_API_KEY).")
+@click.option("--served-model-name", default=None, help="Model id clients send (default: the model's name).")
+@click.option("--max-running", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Most requests (choices) prefilled or decoded at once.")
+@click.option("--num-slots", type=click.IntRange(min=1), default=96, show_default=True,
+              help="Linear-state slots (each running request holds three; the rest hold cached snapshots).")
+@click.option("--num-pages", type=click.IntRange(min=1), default=1024, show_default=True, help="KV pages.")
+@click.option("--max-context", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Most tokens per request, prompt and generation together.")
+def serve(model_name: str | None, overlap: bool, device_seed: int, faults: tuple[str, ...], host: str, port: int,
+          api_key: str | None, served_model_name: str | None, max_running: int, num_slots: int, num_pages: int,
+          max_context: int) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""
+    from mini_engine.server import create_app, serve as run_server
+
+    engine = build_engine(model_name, overlap=overlap, device_seed=device_seed, faults=faults,
+                          max_running=max_running, num_slots=num_slots, num_pages=num_pages, max_context=max_context)
+    click.echo(f"model: {engine.model.config.name}  device: {engine.device.name} (seed {device_seed})  "
+               f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}  listening on http://{host}:{port}")
+    run_server(create_app(engine, served_model_name=served_model_name, api_key=api_key), host=host, port=port)

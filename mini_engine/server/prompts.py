@@ -6,13 +6,15 @@ thread, so a bad request is a 4xx naming its field and never an exception inside
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 from mini_engine.engine import SamplingParams
 from mini_engine.model import ByteTokenizer
+from mini_engine.model.tokenizer import MEDIA_TOKEN
 from mini_engine.server.errors import APIError
 from mini_engine.server.media import content_text
-from mini_engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from mini_engine.server.protocol import MAX_SEED, ChatCompletionRequest, CompletionRequest
 
 __all__ = ["Limits", "Submission", "chat_submission", "completion_submission"]
 
@@ -58,8 +60,20 @@ def chat_submission(body: ChatCompletionRequest, limits: Limits, tokenizer: Byte
         messages.append({"role": message.role, "content": text})
         media.extend(items)
     ids = tokenizer.encode(tokenizer.apply_chat_template(messages))
+    _check_placeholders(ids, len(media), "messages", tokenizer)
     params = _sampling(body, len(ids), "messages", limits, tokenizer.eos_token_ids, None)
     return Submission(ids, params, _choices(body, limits), tuple(media))
+
+
+def _check_placeholders(ids: list[int], media: int, field: str, tokenizer: ByteTokenizer) -> None:
+    """With media, one ``<|media|>`` per media part: the text itself must not spell the placeholder.
+
+    Without media a spelled placeholder is an ordinary token, as in the embedded engine.
+    """
+    placeholders = ids.count(tokenizer.media_token_id)
+    if media and placeholders != media:
+        raise APIError(400, f"{field} holds {placeholders} {MEDIA_TOKEN} placeholder(s) for {media} media part(s); "
+                            f"leave {MEDIA_TOKEN} out of the text: each media part places its own", param=field)
 
 
 def _sampling(body: CompletionRequest | ChatCompletionRequest, prompt_len: int, prompt_field: str,
@@ -76,8 +90,11 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, prompt_len: int, 
         raise APIError(400, f"{prompt_field} ({prompt_len} tokens) + {field} ({max_tokens}) exceeds the context "
                             f"of {limits.max_context} tokens; lower {field} to at most {room}", param=field,
                        code="context_length_exceeded")
-    return SamplingParams(max_tokens=max_tokens, temperature=body.temperature or 0.0, seed=body.seed or 0,
-                          stop_token_ids=tuple(stop_ids), stop=body.stop)
+    temperature = body.temperature or 0.0
+    # Unseeded sampling is random, as with OpenAI; a seed makes it replayable (and hit-invariant).
+    seed = body.seed if body.seed is not None else (secrets.randbelow(MAX_SEED + 1) if temperature else 0)
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop_token_ids=tuple(stop_ids),
+                          stop=body.stop_strings)
 
 
 def _choices(body: CompletionRequest | ChatCompletionRequest, limits: Limits) -> int:

@@ -58,6 +58,10 @@ class _GenerationRequest(BaseModel):
         return tuple(strings)
 
     @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return self.stop or ()  # the validator does not run on the default
+
+    @property
     def choices(self) -> int:
         return self.n or 1
 
