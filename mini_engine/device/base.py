@@ -13,7 +13,8 @@ Ordering rules, the same on both backends (they are CUDA's):
 - ``record(event, stream)`` marks the ops queued on ``stream`` so far; the event completes when they
   have all run; ``wait_event(stream, event)`` makes later ops on ``stream`` wait for it;
 - ``readback`` blocks the host until the ops queued on its stream before it have run, then
-  returns a host copy; ``synchronize`` blocks until everything (or one stream) has run.
+  returns a host copy; ``wait_host(event)`` blocks until one event is complete; ``synchronize``
+  blocks until everything (or one stream) has run.
 Nothing else orders two streams.
 """
 
@@ -92,6 +93,10 @@ class Device(ABC):
     @abstractmethod
     def readback(self, stream: Stream, src: torch.Tensor, *, label: str) -> torch.Tensor:
         """Blocking D2H: wait for ``stream``'s earlier ops, then return a host copy of ``src``."""
+
+    @abstractmethod
+    def wait_host(self, event: Event) -> None:
+        """Block the host until ``event`` is complete (and nothing more: later ops may still be queued)."""
 
     @abstractmethod
     def synchronize(self, stream: Stream | None = None) -> None:

@@ -70,6 +70,10 @@ class CudaDevice(Device):
         handle.synchronize()
         return host
 
+    def wait_host(self, event: Event) -> None:
+        if event.stream is not None:
+            self._events[event.index].synchronize()
+
     def synchronize(self, stream: Stream | None = None) -> None:
         if stream is None:
             torch.cuda.synchronize(self.torch_device)

@@ -79,6 +79,9 @@ class SimDevice(Device):
         self._run_until(lambda: self._done[stream] >= target, f"readback {label!r} on {stream.name}")
         return src.detach().clone()
 
+    def wait_host(self, event: Event) -> None:
+        self._run_until(lambda: self.is_complete(event), f"wait_host(event{event.index})")
+
     def synchronize(self, stream: Stream | None = None) -> None:
         streams = list(self._queues) if stream is None else [stream]
         targets = {s: self._queued[s] for s in streams}

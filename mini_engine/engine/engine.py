@@ -213,7 +213,7 @@ class Engine:
             self._actions[step].append(action)
 
     def _process(self, batch: Batch) -> None:
-        sampled = self.device.readback(self.compute, batch.sampled, label=f"tokens#{batch.index}").tolist()
+        sampled = self.runner.results(batch)
         for item, token in zip(batch.items, sampled):
             request = item.request
             request.in_flight -= 1

@@ -42,6 +42,7 @@ class Batch:
     index: int
     items: list[BatchItem]
     sampled: torch.Tensor  # device [len(items)] long, valid where item.sample
+    host_sampled: torch.Tensor  # host copy of ``sampled``, landed once ``done`` is complete
     done: Event
     metadata_buffer: int = 0
 
@@ -58,13 +59,19 @@ class ModelRunner:
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
         self._batches = 0
 
+    def results(self, batch: Batch) -> list[int]:
+        """Block until ``batch`` has run and return its sampled tokens (batches launched later may still be queued)."""
+        self.device.wait_host(batch.done)
+        return batch.host_sampled.tolist()
+
     def launch(self, items: list[BatchItem]) -> Batch:
         """Queue the forward of ``items`` on the compute stream; returns once the op is queued."""
         self._batches += 1
         buffer = self._batches % self.metadata.n_buffers
         shards = self.metadata.prepare(buffer, self._decode_table(items)).shards
+        pinned = self.device.torch_device.type == "cuda"
         batch = Batch(self._batches, items, self.device.zeros(len(items), dtype=torch.long),
-                      Event(0), buffer)
+                      torch.zeros(len(items), dtype=torch.long, pin_memory=pinned), Event(0), buffer)
         slots = [it.live_slot for it in items] + [it.track.slot for it in items if it.track is not None]
         self.fences.before(self.stream, slots)
         if not self.track_writer:
@@ -73,6 +80,9 @@ class ModelRunner:
                     self.events.emit("fault", name="track_writer=off", site="forward", rid=it.request.rid,
                                      slot=it.track.slot, position=it.track.position)
         self.device.launch(self.stream, lambda: self._forward(batch, shards), label=f"forward#{batch.index}")
+        # The sampled tokens come back right behind the forward: processing batch N waits for N
+        # alone, while N+1 (built under overlap) may still be queued behind it.
+        self.device.copy(self.stream, batch.host_sampled, batch.sampled, label=f"tokens#{batch.index}")
         batch.done = self.fences.after(self.stream, slots)
         self.metadata.mark_dispatched(buffer, batch.done)
         return batch
