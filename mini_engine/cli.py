@@ -20,7 +20,7 @@ def main() -> None:
 
 def engine_options(command):
     """The options every engine command takes: the model, the scheduling mode, the device seed, faults."""
-    from mini_engine.engine.faults import FAULTS
+    from mini_engine.faults import FAULTS
 
     options = [
         click.option("--model", "model_name", default=None, metavar="NAME|DIR",

@@ -15,7 +15,7 @@ slot on the copy stream, behind the forward that wrote it; the request keeps its
 replacement; at finish the tree takes the *live* slot when the final length is a 64-multiple
 (zero-copy) — a batch already built under overlap still names that id.
 
-Faults (``mini_engine.engine.faults``) switch single safeguards off here: the barriers
+Faults (``mini_engine.faults``) switch single safeguards off here: the barriers
 (``admission_barrier=off``), copy-on-donate (``donate=transfer``), page copy-on-write
 (``page_cow=off``) and snapshot locks during eviction (``evict_locked=on``).
 

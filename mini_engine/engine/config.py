@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mini_engine.constants import SNAPSHOT_ALIGN
-from mini_engine.engine.faults import parse_faults
+from mini_engine.faults import parse_faults
 
 __all__ = ["DONATE_POLICIES", "EngineConfig"]
 
@@ -30,7 +30,7 @@ class EngineConfig:
     max_media_bytes: int = 4096  # per media item
     threads: int | None = 1  # torch intra-op threads; small ops lose badly to oversubscription
     debug: bool = False  # check every pool's and the tree's integrity after every step
-    # Safeguards switched off (``mini_engine.engine.faults.FAULTS``); "donate=transfer" and
+    # Safeguards switched off (``mini_engine.faults.FAULTS``); "donate=transfer" and
     # donate_policy="transfer" are the same thing and each implies the other.
     faults: Iterable[str] = field(default_factory=frozenset)
 

@@ -114,6 +114,10 @@ class Engine:
         if len(ids) + params.max_tokens > self.config.max_context:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                              f"context of {self.config.max_context}")
+        pages = -(-(len(ids) + params.max_tokens) // self.config.page_size) * n
+        if pages > self.config.num_pages:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) x n={n} needs "
+                             f"{pages} KV pages but the pool has num_pages={self.config.num_pages}: it could never run")
         arrival = self.steps if at_step is None else at_step
         extra_key = self._cache_extra_key(rid, extra_key, digest)
         # Without media a placeholder id is an ordinary token (as when the model generates it).
@@ -192,9 +196,22 @@ class Engine:
         return (not self._actions and not self.scheduler.waiting and not self.scheduler.running
                 and self._in_flight is None)
 
-    def tokens(self, rid: str) -> list[int]:
-        """Tokens streamed so far for ``rid``."""
-        return list(self.requests[rid].outputs)
+    def tokens(self, rid: str, start: int = 0) -> list[int]:
+        """Tokens streamed so far for ``rid`` (from index ``start`` on)."""
+        return self.requests[rid].outputs[start:]
+
+    def poll(self, rid: str) -> tuple[int, str | None]:
+        """How many tokens ``rid`` has streamed and its finish reason (None while running). Cheap."""
+        request = self.requests[rid]
+        return len(request.outputs), request.finish_reason
+
+    def forget(self, rid: str) -> None:
+        """Drop a finished or aborted request (and its choices) from memory; a long-running server calls this."""
+        ids = self.choices(rid)
+        if not all(self.requests[i].done for i in ids):
+            raise ValueError(f"request {rid!r} is still running; abort it or let it finish before forgetting it")
+        for i in ids:
+            del self.requests[i]
 
     def result(self, rid: str) -> RequestResult:
         r = self.requests[rid]
@@ -230,6 +247,13 @@ class Engine:
         cuts = [text.index(s) for s in request.params.stop if s in text]
         return (text[: min(cuts)], True) if cuts else (text, False)
 
+    def _abort_unforked_sibling(self, parent: Request, child: Request) -> None:
+        """A sibling that has not forked yet holds what admission gave it, but is in no queue."""
+        parent.children.remove(child)
+        self.cache.release(child)
+        child.status, child.finish_reason = Status.ABORTED, "abort"
+        self.events.emit("abort", rid=child.rid, phase="queued")
+
     def _accept(self, request: Request, token: int) -> None:
         request.outputs.append(token)
         if token in request.params.stop_token_ids or (request.params.stop and self._text(request)[1]):
@@ -244,6 +268,10 @@ class Engine:
 
     def _abort_now(self, request: Request) -> None:
         if request.done:
+            return
+        parent = self.requests.get(request.rid.split("#")[0])
+        if parent is not request and parent is not None and request in parent.children:
+            self._abort_unforked_sibling(parent, request)
             return
         phase = "queued" if request.status is Status.QUEUED else (
             "prefill" if request.scheduled_len < len(request.prompt) else "decode")

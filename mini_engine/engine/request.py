@@ -25,6 +25,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1; got {self.max_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32); got {self.seed}")
 
 
 class Status(Enum):

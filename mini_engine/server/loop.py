@@ -204,20 +204,23 @@ class EngineLoop:
                 _deliver(subscriber, updates)
             if all(subscriber.done):
                 del self._subscribers[rid]
+                self._engine.forget(rid)  # a long-running server must not keep every request
 
     def _update(self, subscriber: _Subscriber, index: int) -> ChoiceUpdate | None:
         if subscriber.done[index]:
             return None
-        result = self._engine.result(subscriber.choices[index])
-        new = result.output_ids[subscriber.sent[index]:]
-        finished = result.finish_reason is not None
-        if not new and not finished:
+        rid = subscriber.choices[index]
+        count, reason = self._engine.poll(rid)  # cheap; the full result only when something changed
+        finished = reason is not None
+        if count == subscriber.sent[index] and not finished:
             return None
-        subscriber.sent[index] += len(new)
+        result = self._engine.result(rid) if finished else None
+        new = tuple(self._engine.tokens(rid, subscriber.sent[index]))
+        subscriber.sent[index] = count
         if finished:
             subscriber.done[index] = True
             self.counters.record(index, result)
-        return ChoiceUpdate(index, new, result if finished else None)
+        return ChoiceUpdate(index, new, result)
 
     def _abort(self, engine: Engine, rid: str) -> None:
         subscriber = self._subscribers.get(rid)

@@ -264,3 +264,38 @@ def test_transfer_is_exact_without_overlap_and_aliases_with_it(tiny_model, refer
     aliased = [finish_then_hit(tiny_model, reference, s, donate_policy="transfer", overlap=True) for s in seeds]
     assert all(hit for hit, _ in aliased) and not all(exact for _, exact in aliased)
     assert all(finish_then_hit(tiny_model, reference, s, overlap=True)[1] for s in seeds)
+
+
+def test_requests_that_could_never_run_are_refused(tiny_model):
+    """A request needing more KV pages than the whole pool, or a seed out of range, is refused at submit."""
+    engine = Engine(EngineConfig(num_pages=8, page_size=16), model=tiny_model)
+    with pytest.raises(ValueError, match="num_pages=8: it could never run"):
+        engine.submit([1] * 200, SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="seed must be in"):
+        SamplingParams(seed=2**40)
+    assert engine.idle()
+
+
+def test_poll_and_forget(tiny_model):
+    """poll() reports streamed tokens and the finish reason; forget() drops only finished requests."""
+    engine = Engine(EngineConfig(), model=tiny_model)
+    rid = engine.submit([5] * 10, SamplingParams(max_tokens=3), n=2)
+    engine.step()
+    with pytest.raises(ValueError, match="still running"):
+        engine.forget(rid)
+    drive(engine)
+    assert engine.poll(rid) == (3, "length") and engine.poll(f"{rid}#1") == (3, "length")
+    engine.forget(rid)
+    assert not engine.requests
+
+
+def test_aborting_an_unforked_sibling_frees_what_admission_gave_it(tiny_model):
+    """Aborting choice #1 before the fork frees its slots and pages; the other choices still finish."""
+    rnd = random.Random(23)
+    engine = Engine(EngineConfig(prefill_chunk=64), model=tiny_model)
+    rid = engine.submit(tokens(rnd, 300), SamplingParams(max_tokens=4, temperature=0.5), n=3)
+    engine.step()
+    engine.abort(f"{rid}#1")
+    drive(engine)
+    assert [engine.result(c).finish_reason for c in engine.choices(rid)] == ["length", "abort", "length"]
+    assert_no_leak(engine)

@@ -1,4 +1,4 @@
-"""The fault catalogue: each fault switches exactly one safeguard off (DESIGN.md §4).
+"""The fault catalogue: each fault switches exactly one safeguard off (DESIGN.md §4). Torch-free.
 
 A fault never writes garbage. It removes a barrier, a copy, a write or a check, and whatever
 corruption follows comes out of the engine's real mechanism: ordering on the device, ownership of
