@@ -10,7 +10,7 @@ import pytest
 
 from mini_engine.cache.pools import Owner
 from mini_engine.engine import Engine, EngineConfig
-from mini_engine.engine.faults import FAULTS
+from mini_engine.faults import FAULTS
 from mini_engine.engine.metadata import gather_shards
 from mini_engine.ops.checksum import slot_checksum
 from tests.engine import fault_schedules as fs
