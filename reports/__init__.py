@@ -11,6 +11,7 @@ from reports.stats import (
     trials_to_claim_fix,
     wilson,
 )
+from reports.tables import export, load_run, load_runs, rates
 
 __all__ = [
     "ClusterRate",
@@ -19,6 +20,10 @@ __all__ = [
     "clopper_pearson",
     "cluster_rate",
     "compare",
+    "export",
+    "load_run",
+    "load_runs",
+    "rates",
     "requests_to_detect",
     "trials_to_claim_fix",
     "wilson",
