@@ -32,7 +32,7 @@ from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Stream
 from mini_engine.engine.config import EngineConfig
 from mini_engine.engine.fences import SlotFences
-from mini_engine.engine.request import Commit, Request
+from mini_engine.engine.request import Commit, Request, prefix_digest
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 
@@ -58,6 +58,7 @@ class CacheManager:
         self.states, self.device, self.stream, self.events = states, device, stream, instrumentation
         self.copy_stream, self.fences, self.kv = copy_stream, fences, kv
         self.evictions = 0
+        self.reference_checksum = None  # (tokens, media) -> int; set by the engine when reference_states
 
     # -- admission ---------------------------------------------------------------------------
     def try_admit(self, request: Request) -> bool:
@@ -151,10 +152,22 @@ class CacheManager:
         request.restore_pending = False
         live, source = request.live_slot, request.restore_slot
         self._barrier(self.stream, [live, source], site="restore", rid=request.rid)
-        self.device.launch(self.stream, lambda n=request.cached_len: self.states.copy_slot(live, source, n),
+        position, rid = request.cached_len, request.rid
+        self.device.launch(self.stream, lambda: self._copy_reported("restore_read", live, source, position, rid=rid),
                            label=f"restore:{source}->{live}")
         self.fences.after(self.stream, [live, source])
-        self.events.emit("restore", rid=request.rid, src=source, dst=live, position=request.cached_len)
+        if self.events.enabled:
+            self.events.emit("restore", rid=rid, src=source, dst=live, position=position,
+                             node=request.match_node.node_id, prefix=prefix_digest(request.extra_key, request.prompt[:position]))
+
+    def _copy_reported(self, type_: str, dst: int, src: int, length: int, **ids) -> None:
+        """Device-side body of a restore or clone: copy, and (instrumented) report the checksum of the
+        source as read and of the destination as written, at the moment the copy runs."""
+        read = self.states.checksum(src, length) if self.events.enabled else None
+        self.states.copy_slot(dst, src, length)
+        if self.events.enabled:
+            self.events.emit(type_, src=src, dst=dst, position=length, src_checksum=read,
+                             checksum=self.states.checksum(dst, length), **ids)
 
     def _barrier(self, stream: Stream, slots: list[int], *, site: str, **ids) -> None:
         """The admission / donation barrier: ``stream``'s next op waits for the other streams' last
@@ -218,7 +231,7 @@ class CacheManager:
             return None
         clone = self._alloc_slot(TREE_SLOTS)
         self._barrier(self.copy_stream, [source, clone], site="clone", src=source, dst=clone)
-        self.device.launch(self.copy_stream, lambda: self.states.copy_slot(clone, source, length),
+        self.device.launch(self.copy_stream, lambda: self._copy_reported("clone_written", clone, source, length),
                            label=f"clone:{source}->{clone}")
         self.fences.after(self.copy_stream, [source, clone])
         self.events.emit("clone", src=source, dst=clone)
@@ -247,8 +260,14 @@ class CacheManager:
             self.pages.retain(page, TREE_PAGES)
         if slot is not None and not result.snapshot_stored:
             self._free_slot(slot, TREE_SLOTS)
-        self.events.emit("donate", rid=request.rid, slot=slot, position=len(tokens),
-                         stored=result.snapshot_stored, policy=self.config.donate_policy)
+        if self.events.enabled:
+            prefix = prefix_digest(request.extra_key, tokens)
+            self.events.emit("donate", rid=request.rid, slot=slot, position=len(tokens), node=result.node.node_id,
+                             prefix=prefix, stored=result.snapshot_stored, policy=self.config.donate_policy)
+            if self.reference_checksum is not None:
+                media = [m for p, m in zip(request.media_positions, request.media) if p < len(tokens)]
+                self.events.emit("reference_state", prefix=prefix, position=len(tokens),
+                                 checksum=self.reference_checksum(tokens, media))
 
     def finish(self, request: Request) -> None:
         """Donate the final state (``transfer`` only: the live slot, zero-copy, when the computed length

@@ -30,6 +30,9 @@ class EngineConfig:
     max_media_bytes: int = 4096  # per media item
     threads: int | None = 1  # torch intra-op threads; small ops lose badly to oversubscription
     debug: bool = False  # check every pool's and the tree's integrity after every step
+    # The harness's request: with a sink, every donation also reports the checksum of the state its
+    # prefix should have, recomputed cold and alone (a ``reference_state`` row; costs a prefill).
+    reference_states: bool = False
     # Safeguards switched off (``mini_engine.faults.FAULTS``); "donate=transfer" and
     # donate_policy="transfer" are the same thing and each implies the other.
     faults: Iterable[str] = field(default_factory=frozenset)

@@ -27,13 +27,15 @@ from mini_engine.engine.cache_manager import CacheManager
 from mini_engine.engine.config import EngineConfig
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata
-from mini_engine.engine.request import Request, SamplingParams, Status
+from mini_engine.engine.request import Request, SamplingParams, Status, prefix_digest
 from mini_engine.engine.runner import Batch, ModelRunner
 from mini_engine.engine.scheduler import Scheduler
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation, Sink
 from mini_engine.model import ByteTokenizer, HybridModel, load_model
+from mini_engine.model.media import media_features
 from mini_engine.model.tokenizer import MEDIA_TOKEN
+from mini_engine.ops.checksum import slot_checksum
 
 __all__ = ["Engine", "RequestResult", "media_digest"]
 
@@ -77,6 +79,8 @@ class Engine:
         self.fences = SlotFences(self.device)
         self.cache = CacheManager(config, self.states, self.kv, self.device, self.compute, self.copy, self.fences,
                                   self.events)
+        if config.reference_states:
+            self.cache.reference_checksum = self.reference_checksum
         self.scheduler = Scheduler(config, self.cache)
         pages_per_seq = -(-config.max_context // config.page_size)
         fenced = "metadata_fence=off" not in config.faults
@@ -215,12 +219,24 @@ class Engine:
 
     def result(self, rid: str) -> RequestResult:
         r = self.requests[rid]
-        key = hashlib.blake2b(repr((r.extra_key, r.prompt)).encode(), digest_size=8).hexdigest()
+        key = prefix_digest(r.extra_key, r.prompt)
         return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key,
                              r.restore_slot, self._text(r)[0], r.media_digest)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()
+
+    def reference_checksum(self, tokens: Sequence[int], media: Sequence[bytes] = ()) -> int:
+        """Checksum of the linear state ``tokens`` should leave, computed cold and alone on the model
+        (the forensic reference for a donated prefix: same bytes as a correct snapshot slot).
+        ``media`` holds the items of the placeholders inside ``tokens``, in order."""
+        ids = torch.tensor(list(tokens))
+        rows = None
+        if media:
+            positions = (ids == self.tokenizer.media_token_id).nonzero().flatten()
+            rows = (positions, torch.stack([media_features(m) for m in media[: len(positions)]]))
+        state = self.model([ids], [self.model.new_state()], media=[rows])[0].state
+        return slot_checksum(torch.cat([state.conv.reshape(-1), state.rec.reshape(-1), state.pending.reshape(-1)]))
 
     # -- internals ---------------------------------------------------------------------------
     def _at(self, step: int | None, action: Callable[[], None]) -> None:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
 
 from mini_engine.cache.radix import RadixNode
 
-__all__ = ["Commit", "Request", "SamplingParams", "Status"]
+__all__ = ["Commit", "Request", "SamplingParams", "Status", "prefix_digest"]
+
+
+def prefix_digest(extra_key: str, tokens: list[int]) -> str:
+    """What the cache is keyed by for a prefix: a digest of (extra key, tokens). The result's
+    ``cache_key`` is this digest of the whole prompt; ledger rows name prefixes by it."""
+    return hashlib.blake2b(repr((extra_key, list(tokens))).encode(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
 from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
+from mini_engine.ops.checksum import slot_checksum
 
 __all__ = ["Batch", "BatchItem", "ModelRunner"]
 
@@ -108,12 +109,30 @@ class ModelRunner:
             self.states.write(it.live_slot, out.state)
             new = slice(it.start, it.start + it.length)
             self.kv.scatter(pages[i], it.start, out.state.keys[:, new], out.state.values[:, new])
-            if it.track is not None and out.snapshots and self.track_writer:
+            wrote_track = it.track is not None and bool(out.snapshots) and self.track_writer
+            if wrote_track:
                 self._write_snapshot(it.track.slot, out.snapshots[-1])
             if it.sample:
                 token = self._sample(out.logits[-1], it.request, it.start + it.length)
                 batch.sampled[i] = token
                 self.states.next_token[it.live_slot] = token
+            if self.events.enabled:
+                self._report_writes(batch.index, it, wrote_track, pages[i])
+
+    def _report_writes(self, batch: int, it: BatchItem, wrote_track: bool, pages_read: list[int]) -> None:
+        """Device-side ledger rows: checksums of what this forward wrote, and of the page table a
+        decode step read against the one staged for it (the metadata a kernel really saw)."""
+        end = it.start + it.length
+        self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
+                         position=end, checksum=self.states.checksum(it.live_slot, end))
+        if wrote_track:
+            self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=it.track.slot,
+                             position=it.track.position, checksum=self.states.checksum(it.track.slot, it.track.position))
+        if it.tokens is None:
+            staged = torch.tensor(it.pages, dtype=torch.int32)
+            read = torch.tensor(pages_read[: len(it.pages)], dtype=torch.int32)
+            self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=slot_checksum(read),
+                             staged_checksum=slot_checksum(staged), match=bool(torch.equal(read, staged)))
 
     def _gather(self, it: BatchItem, pages: list[int]) -> SequenceState:
         conv, rec, pending = self.states.read(it.live_slot, it.start)

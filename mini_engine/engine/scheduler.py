@@ -68,7 +68,7 @@ class Scheduler:
         self.cache.copy_on_write(request, start, end)
         track = self.cache.track_target(request, start, end - start, prefill=tokens is not None)
         if track is not None:
-            self.cache.events.emit("snapshot_write", rid=request.rid, slot=track.slot, position=track.position)
+            self.cache.events.emit("snapshot_track", rid=request.rid, slot=track.slot, position=track.position)
         request.scheduled_len = end
         request.scheduled_samples += int(sample)
         request.in_flight += 1

@@ -17,6 +17,7 @@ from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device
 from mini_engine.model import ModelConfig, SequenceState
 from mini_engine.model.state import pending_width
+from mini_engine.ops.checksum import slot_checksum
 
 __all__ = ["KVStorage", "StateStorage"]
 
@@ -51,6 +52,10 @@ class StateStorage:
         rows = length % SNAPSHOT_ALIGN
         return torch.cat([self.conv[slot].reshape(-1), self.rec[slot].reshape(-1),
                           self.pending[slot, :, :rows].reshape(-1)])
+
+    def checksum(self, slot: int, length: int) -> int:
+        """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op)."""
+        return slot_checksum(self.slot_bytes(slot, length))
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.conv[slot].clone(), self.rec[slot].clone(),

@@ -174,7 +174,8 @@ def test_instrumentation_reports_slot_events(tiny_model):
     engine.submit(prompt + [1], SamplingParams(max_tokens=2))
     drive(engine)
     kinds = {e["type"] for e in events}
-    assert {"alloc", "free", "snapshot_write", "clone", "donate", "restore", "metadata_upload"} <= kinds
+    assert {"alloc", "free", "snapshot_track", "snapshot_write", "slot_write", "clone", "clone_written", "donate",
+             "restore", "restore_read", "metadata_upload", "decode_metadata"} <= kinds
     restore = next(e for e in events if e["type"] == "restore")
     assert restore["position"] == 128 and isinstance(restore["step"], int)
 
