@@ -40,7 +40,10 @@ EVENT_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # The op as sent; ``key`` names what was asked (payload + sampling): a hit and its control share it.
     "invoke": (("arm", "key"),
                ("pattern", "group", "at", "prompt", "messages", "media", "media_digest", "payload",
-                "prompt_tokens", "max_tokens", "temperature", "seed", "n", "abandon_after", "probe")),
+                "prompt_tokens", "max_tokens", "temperature", "seed", "n", "abandon_after", "probe",
+                # stop strings; ``continues``: an unsent next turn of that request's conversation;
+                # ``continued_from``: the request whose prompt and actual reply this prompt begins with.
+                "stop", "continues", "continued_from")),
     # ``position``: 0-based position of the delta in the output; ``token_id`` when the target knows it.
     "token": (("position", "text"), ("token_id",)),
     "ok": (("text",),

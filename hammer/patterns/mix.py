@@ -40,7 +40,9 @@ def make_generate(parts: dict[str, Callable[..., tuple[Op, ...]]]) -> Callable[.
             part = parts[name](stable_seed(NAME, seed, name) % 2**31, share, **part_settings.get(name, {}))
             merged += [(op.at + start, rng.random(), op) for op in part if op.arm == HAMMER_ARM]
         merged.sort(key=lambda entry: entry[:2])  # arrival, then a seeded tie-break between parts
-        ops = [replace(op, request=op_id(NAME, seed, i), at=at) for i, (at, _, op) in enumerate(merged)]
+        renamed = {op.request: op_id(NAME, seed, i) for i, (_, _, op) in enumerate(merged)}
+        ops = [replace(op, request=renamed[op.request], at=at, continues=renamed.get(op.continues, op.continues))
+               for at, _, op in merged]
         return with_controls(ops, f"{NAME}-{seed}")
 
     return generate

@@ -7,6 +7,12 @@ the stream after k tokens. ``arm``: ``hammer`` (sent under load, cache on) or ``
 
 ``key`` names what was asked (payload + sampling): a hammered op and its control share it;
 ``payload`` names what the cache key should cover (the prompt as the engine sees it + the media).
+
+``continues`` = r: the op is the next turn of request r's conversation, and its prompt or messages
+are only what it adds. The interpreter sends it once r has completed, as ``op.continued(r, reply)``:
+r's prompt, the reply r actually got, then the op's own part (``continued_from`` = r says so in the
+history). A reply is text, so the continuation is token-exact only where the reply is valid text:
+patterns that continue replies stop them at U+FFFD (``stop``), the first undecodable byte.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class Op:
     abandon_after: int | None = None
     probe: Probe | None = None
     group: str | None = None
+    stop: tuple[str, ...] = ()  # stop strings (OpenAI ``stop``): the reply ends before the first one
+    continues: str | None = None  # the request whose reply this op follows (sent once it completed)
+    continued_from: str | None = None  # set on the op as sent: the request it continued
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -64,6 +73,11 @@ class Op:
                              f"that the stream is really cut; got {self.abandon_after}")
         if self.arm == CONTROL_ARM and self.abandon_after is not None:
             raise ValueError(f"op {self.request!r}: a control runs to completion; abandon_after must be None")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"op {self.request!r}: stop strings must be non-empty strings; got {self.stop!r}")
+        if self.continues is not None and self.continued_from is not None:
+            raise ValueError(f"op {self.request!r}: an op either still continues a request or was continued "
+                             "from one, not both")
 
     @classmethod
     def from_probe(cls, probe: Probe, *, request: str, pattern: str, **fields: Any) -> Op:
@@ -92,11 +106,32 @@ class Op:
 
     @cached_property
     def key(self) -> str:
-        return _digest([self.payload, self.max_tokens, self.temperature, self.seed, self.n])
+        asked = [self.payload, self.max_tokens, self.temperature, self.seed, self.n]
+        if self.stop:
+            asked.append(list(self.stop))
+        if self.continues is not None:  # the reply it will follow is not known yet: only the turn's own part
+            asked.append({"continues": self.continues})
+        return _digest(asked)
 
     def control(self, request: str, at: int) -> Op:
         """The cold reference of this op: same request, run to completion, alone, cache off."""
         return replace(self, request=request, arm=CONTROL_ARM, at=at, abandon_after=None)
+
+    def continued(self, base: Op, reply: str) -> Op:
+        """This op as sent after ``base`` got ``reply``: base's conversation, the reply, then this op's part.
+
+        Chat: base's messages, the reply as an assistant message, then this op's messages (rendered,
+        that is ``base.text + reply + "<|im_end|>\n" + render_chat(own messages)``). Completion:
+        ``base.text + reply + prompt``. Media: base's, then this op's.
+        """
+        if (self.messages is None) != (base.messages is None):
+            raise ValueError(f"op {self.request!r} and {base.request!r}, which it continues, must both be chat "
+                             "or both be completion requests")
+        if self.messages is not None:
+            text = {"messages": (*base.messages, Message("assistant", reply), *self.messages)}
+        else:
+            text = {"prompt": base.text + reply + self.prompt}
+        return replace(self, **text, media=(*base.media, *self.media), continues=None, continued_from=base.request)
 
     def invoke_fields(self, *, byte_tokens: bool = True) -> dict[str, Any]:
         """The fields of this op's ``invoke`` event (``HistoryWriter.invoke(op.request, **fields)``).
@@ -111,7 +146,8 @@ class Op:
                   "messages": None if self.messages is None else [m.as_dict() for m in self.messages],
                   "media": [base64.b64encode(m).decode("ascii") for m in self.media] or None,
                   "probe": None if self.probe is None else self.probe.summary(),
-                  "prompt_tokens": self.prompt_tokens if byte_tokens else None}
+                  "prompt_tokens": self.prompt_tokens if byte_tokens and self.continues is None else None,
+                  "stop": list(self.stop) or None, "continues": self.continues, "continued_from": self.continued_from}
         return {name: value for name, value in fields.items() if value is not None}
 
     @classmethod
@@ -126,7 +162,8 @@ class Op:
         return cls(request=event["request"], pattern=event.get("pattern", ""), arm=event["arm"], at=event.get("at", 0),
                    max_tokens=event.get("max_tokens", 16), temperature=event.get("temperature", 0.0),
                    seed=event.get("seed", 0), n=event.get("n", 1), abandon_after=event.get("abandon_after"),
-                   group=event.get("group"), probe=probe, **fields)
+                   group=event.get("group"), probe=probe, stop=tuple(event.get("stop", ())),
+                   continues=event.get("continues"), continued_from=event.get("continued_from"), **fields)
 
 
 def with_controls(ops: Iterable[Op], prefix: str) -> tuple[Op, ...]:
