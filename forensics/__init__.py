@@ -4,6 +4,7 @@ The run directory is evidence: ``hammer`` writes it through ``RunDir`` / ``Histo
 ``probes`` and ``reports`` read it with ``read_history`` and ``fold_history``.
 """
 
+from forensics.attribute import Attribution, Verdict, attribute
 from forensics.history import HistoryWriter, read_history, read_jsonl
 from forensics.records import Fold, RequestRecord, TokenDelta, fold_history
 from forensics.rundir import RunDir, RunMeta, resolve_run
@@ -11,6 +12,7 @@ from forensics.schema import SCHEMA_VERSION, SchemaError, choice_request_id, med
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Attribution",
     "Fold",
     "HistoryWriter",
     "RequestRecord",
@@ -18,6 +20,8 @@ __all__ = [
     "RunMeta",
     "SchemaError",
     "TokenDelta",
+    "Verdict",
+    "attribute",
     "choice_request_id",
     "fold_history",
     "media_digest",

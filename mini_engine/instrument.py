@@ -2,7 +2,7 @@
 
 An event is a flat dict with a ``type``, the host ``step``, a ``seq`` (emission order) and
 JSON-serialisable fields. Host-side events (``alloc``, ``free``, ``snapshot_track``, ``donate``,
-``transfer``, ``restore``, ``fork``, ``page_cow``, ``evict``, ``metadata_upload``, ``abort``,
+``transfer``, ``restore``, ``fork``, ``page_cow``, ``shared_page_write``, ``evict``, ``metadata_upload``, ``abort``,
 ``fault``) are emitted when the host decides; device-side events (``slot_write``,
 ``snapshot_write``, ``clone_written``, ``restore_read``, ``decode_metadata``,
 ``metadata_readback``) are emitted by the op itself when it *runs*, with checksums of the bytes

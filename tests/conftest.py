@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from mini_engine.generate import stream_greedy  # noqa: E402
 from mini_engine.model import ByteTokenizer, build_builtin  # noqa: E402
 
 # CI explores a fixed set of examples so a landing never depends on luck; local runs keep exploring.
@@ -35,3 +36,17 @@ def tokenizer():
 @pytest.fixture
 def rng():
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model):
+    """reference(prompt, max_tokens) -> greedy tokens of the prompt run cold and alone (memoised)."""
+    memo = {}
+
+    def run(prompt, max_tokens, stop_ids=()):
+        key = (tuple(prompt), max_tokens, tuple(stop_ids))
+        if key not in memo:
+            memo[key] = list(stream_greedy(tiny_model, list(prompt), max_tokens, tuple(stop_ids)))
+        return memo[key]
+
+    return run

@@ -121,6 +121,8 @@ class CacheManager:
                 continue
             if "page_cow=off" in self.config.faults:
                 self.events.emit("fault", name="page_cow=off", site="write", rid=request.rid, page=page, index=index)
+                self.events.emit("shared_page_write", rid=request.rid, page=page, index=index,
+                                 holders=self.pages.refcount(page))
                 continue
             (copy,) = self.pages.alloc(_owner(request, "kv"), 1) if self._ensure(pages=1, slots=0) else (None,)
             if copy is None:

@@ -1,0 +1,181 @@
+"""Attribution: for every corrupted hit, which cause the ledger proves (DESIGN.md §6).
+
+Both seeds end with the first theory being wrong, so a verdict is a decision over data, never a
+belief. For a corrupted request the decision list is::
+
+    payload / cache key echoed wrong?                  -> key-or-payload
+    no restore (a fork, or a cold request)?            -> skip the state path
+    restored slot freed and reused since donation?     -> evicted-under-lock
+    restore ran before the donation's clone landed?    -> restore-raced
+    restored bytes != donated bytes?                   -> poisoned-after-donate (late write / alias)
+    donated bytes != the prefix's cold reference?      -> bad-at-donate (writer bug)
+    a decode step read page mappings != staged?        -> stale-metadata
+    a page shared with another request written?        -> cow-violation
+    otherwise                                          -> state-clean (the state path is clean: look elsewhere)
+
+The ledger is the engine's instrumentation events in emission order (``seq``); device-side rows
+(``slot_write``, ``snapshot_write``, ``clone_written``, ``restore_read``, ``decode_metadata``)
+are emitted when the op runs, so their order is the order things happened on the device.
+Every verdict carries the rows that prove it. Pure functions; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["HYPOTHESES", "Attribution", "Verdict", "attribute"]
+
+Row = Mapping[str, Any]
+
+# verdict -> the hypothesis it confirms (as the seeds named them)
+HYPOTHESES = {
+    "poisoned-after-donate": "aliasing / late write after donation",
+    "bad-at-donate": "snapshot writer bug (bad at donation)",
+    "restore-raced": "restore raced the donation (missing barrier)",
+    "stale-metadata": "stale decode metadata",
+    "cow-violation": "shared page written without copy-on-write",
+    "evicted-under-lock": "snapshot evicted while locked",
+    "key-or-payload": "client payload or cache key wrong",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    request: str
+    verdict: str
+    evidence: tuple[Row, ...]
+    checked: tuple[str, ...]  # hypotheses whose evidence this request could test
+    window: str | None = None  # the branch (prefix digest) and donation it restored from
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"request": self.request, "verdict": self.verdict, "window": self.window,
+                "checked": list(self.checked), "evidence": [dict(r) for r in self.evidence]}
+
+
+@dataclass(frozen=True)
+class Attribution:
+    verdicts: tuple[Verdict, ...]
+    hypotheses: tuple[dict[str, Any], ...]
+    windows: tuple[dict[str, Any], ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verdicts": [v.as_dict() for v in self.verdicts], "hypotheses": list(self.hypotheses),
+                "windows": list(self.windows)}
+
+
+class _Ledger:
+    def __init__(self, rows: Iterable[Row]) -> None:
+        self.rows = sorted(rows, key=lambda r: r.get("seq", 0))
+
+    def find(self, type_: str, *, after: int = 0, before: float = float("inf"), **match) -> list[Row]:
+        return [r for r in self.rows if r["type"] == type_ and after < r.get("seq", 0) < before
+                and all(r.get(k) == v for k, v in match.items())]
+
+
+def attribute(ledger: Iterable[Row], corrupted: Sequence[str], *, echo_failed: Iterable[str] = ()) -> Attribution:
+    """Verdicts for the ``corrupted`` engine request ids; ``echo_failed`` are those whose payload or
+    cache key the harness found echoed wrong (the echo oracle)."""
+    book, echo = _Ledger(ledger), set(echo_failed)
+    verdicts = tuple(_verdict(book, rid, rid in echo) for rid in corrupted)
+    return Attribution(verdicts, _hypotheses(verdicts, bool(book.rows)), _windows(verdicts))
+
+
+def _verdict(book: _Ledger, rid: str, echo_failed: bool) -> Verdict:
+    if echo_failed:
+        return Verdict(rid, "key-or-payload", (), ("key-or-payload",))
+    checked: list[str] = []
+    restore = book.find("restore_read", rid=rid)
+    if restore:
+        state = _state_path(book, restore[0], checked)
+        if state is not None:
+            return state
+    stale = [r for r in book.find("decode_metadata", rid=rid) if not r.get("match", True)]
+    checked.append("stale-metadata")
+    if stale:
+        return Verdict(rid, "stale-metadata", tuple(stale[:3]), tuple(checked))
+    shared = book.find("shared_page_write", rid=rid) or _sibling_rows(book, rid, "shared_page_write")
+    checked.append("cow-violation")
+    if shared:
+        return Verdict(rid, "cow-violation", tuple(shared[:3]), tuple(checked))
+    return Verdict(rid, "state-clean", tuple(restore), tuple(checked))
+
+
+def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
+    """The restore -> donation -> reference chain of one restore; None when it is all clean."""
+    rid, src, seq = read["rid"], read["src"], read["seq"]
+    host = book.find("restore", rid=rid)
+    prefix = host[0].get("prefix") if host else None
+    donations = [d for d in book.find("donate", before=seq, slot=src) if d.get("stored", True)]
+    if not donations:
+        return None  # the ledger does not reach back to the donation: nothing to test
+    donation = donations[-1]
+    window = f"{donation.get('prefix')}@{donation['seq']}"
+    checked.append("evicted-under-lock")
+    reused = book.find("alloc", after=donation["seq"], before=seq, slot=src)
+    if reused:
+        return Verdict(rid, "evicted-under-lock", (donation, *reused[:2], read), tuple(checked), window)
+    donated = _donated_bytes(book, donation)
+    checked.append("restore-raced")
+    if donated is not None and donated["seq"] > seq:
+        return Verdict(rid, "restore-raced", (donation, read, donated), tuple(checked), window)
+    reference = book.find("reference_state", prefix=donation.get("prefix") or prefix)
+    bad_at_donate = donated is None or bool(reference and reference[-1]["checksum"] != donated["checksum"])
+    if reference or donated is None:
+        checked.append("bad-at-donate")  # tested here even when a verdict earlier in the list wins
+    checked.append("poisoned-after-donate")
+    if donated is not None and read["src_checksum"] != donated["checksum"]:
+        writes = [w for t in ("slot_write", "snapshot_write")
+                  for w in book.find(t, after=donation["seq"], before=seq, slot=src)]
+        return Verdict(rid, "poisoned-after-donate", (donation, donated, *writes[:2], read), tuple(checked), window)
+    if bad_at_donate:
+        proof = (donation, *([donated] if donated else []), *reference[-1:], read)
+        return Verdict(rid, "bad-at-donate", proof, tuple(checked), window)
+    return None
+
+
+def _donated_bytes(book: _Ledger, donation: Row) -> Row | None:
+    """The row holding the checksum of what the tree received: the clone written into the tree's
+    slot (copy), or the last forward write of that slot at that position before it was handed over
+    (transfer). None: no forward ever wrote the donated state."""
+    slot, seq = donation["slot"], donation["seq"]
+    if donation.get("policy") == "copy":
+        # The clone op runs after the host's donate row on the sim and before it on cuda (issue order).
+        clones = book.find("clone_written", dst=slot)
+        return min(clones, key=lambda c: abs(c["seq"] - seq)) if clones else None
+    writes = [w for t in ("slot_write", "snapshot_write")
+              for w in book.find(t, before=seq, slot=slot, position=donation["position"])]
+    return max(writes, key=lambda w: w["seq"]) if writes else None
+
+
+def _sibling_rows(book: _Ledger, rid: str, type_: str) -> list[Row]:
+    """Rows of the other choices of the same n > 1 request (``rid#i``): sharing is mutual."""
+    base = rid.split("#")[0]
+    return [r for r in book.find(type_) if str(r.get("rid", "")).split("#")[0] == base and r.get("rid") != rid]
+
+
+def _hypotheses(verdicts: Sequence[Verdict], have_ledger: bool) -> tuple[dict[str, Any], ...]:
+    """Per hypothesis: confirmed (some verdict proves it), falsified (tested on failures, never
+    matched) or untested (no failure could test it, or no ledger)."""
+    out = []
+    for name, text in HYPOTHESES.items():
+        proven = sum(v.verdict == name for v in verdicts)
+        tested = sum(name in v.checked for v in verdicts)
+        if proven:
+            status, detail = "confirmed", f"{proven} of {len(verdicts)} failures"
+        elif tested and have_ledger:
+            status, detail = "falsified", f"evidence clean on all {tested} failures that could test it"
+        else:
+            status, detail = "untested", "no failure could test it" if have_ledger else "no ledger"
+        out.append({"hypothesis": name, "description": text, "status": status, "detail": detail})
+    return tuple(out)
+
+
+def _windows(verdicts: Sequence[Verdict]) -> tuple[dict[str, Any], ...]:
+    """Sticky windows: failures grouped by the donation (branch) they restored from."""
+    counts: dict[str, list[str]] = {}
+    for v in verdicts:
+        if v.window is not None:
+            counts.setdefault(v.window, []).append(v.request)
+    return tuple({"window": w, "failures": len(r), "requests": r} for w, r in counts.items())
