@@ -7,6 +7,7 @@ states recomputed cold); ``forensics.attribute`` never sees which fault was plan
 import pytest
 
 from forensics.attribute import attribute
+from forensics.ledger import validate_row
 from tests.engine import fault_schedules as fs
 
 CASES = [  # fault, schedule, config, expected verdict, hypotheses that must be falsified
@@ -36,12 +37,15 @@ def failing_run(model, cold, schedule, fault, config, seeds=range(40)):
 
 @pytest.mark.parametrize("fault, schedule, config, expected, falsified", CASES, ids=[c[0] for c in CASES])
 def test_each_fault_gets_its_verdict(tiny_model, cold, reference, fault, schedule, config, expected, falsified):
-    """>= 95% of a fault's corrupted hits get the fault's verdict; its hypothesis is confirmed."""
+    """>= 95% of a fault's corrupted hits get the fault's verdict, its hypothesis is confirmed, and every
+    ledger row the engine wrote follows the public schema."""
     if schedule == "transfer_schedule":
         def schedule(seed):
             first = tuple(reference(fs.tokens(fs.random.Random(seed), 44), 10))
             return fs.finish_at_page_boundary(seed, first)
     result, wrong = failing_run(tiny_model, cold, schedule, fault, config)
+    for row in result.events:
+        validate_row(row)  # the engine speaks the public ledger schema
     report = attribute(result.events, wrong)
     verdicts = [v.verdict for v in report.verdicts]
     assert verdicts.count(expected) >= 0.95 * len(verdicts), verdicts

@@ -1,0 +1,146 @@
+"""The slot ledger (version ``LEDGER_VERSION``): a public schema of slot events any engine can emit.
+
+A row is a flat JSON object with ``type``, ``seq`` (its order in its stream; device-side rows are
+emitted when the op *runs*) and the fields below; ``step``, ``engine`` / ``round`` (which engine
+stream of a run it belongs to), ``stream`` and ``batch`` are optional everywhere. Checksums are
+64-bit integers over a slot's exact bytes (``mini_engine.ops.checksum`` documents the function; a
+foreign engine may use any 64-bit digest as long as it uses one throughout).
+
+    type               required fields                         says
+    alloc / free       slot, owner, role                       a slot changed hands
+    snapshot_track     rid, slot, position                     a forward was asked to write a snapshot
+    snapshot_write     rid, slot, position, checksum           ... and wrote it (device)
+    slot_write         rid, slot, position, checksum           a forward wrote a live slot (device)
+    clone_written      src, dst, position, checksum            a donation clone landed (device)
+    donate             rid, slot, position, prefix, policy     the tree took a snapshot (copy / transfer)
+    restore            rid, src, dst, position, prefix         a hit will restore (host)
+    restore_read       rid, src, dst, position, src_checksum   the restore read its source (device)
+    decode_metadata    rid, read_checksum, staged_checksum     the page table a decode kernel read
+    reference_state    prefix, position, checksum              the state a prefix should have (cold)
+    shared_page_write  rid, page                               a page held by others written in place
+    fault              name                                    a safeguard the engine had switched off
+
+Other types (``evict``, ``fork``, ``page_cow``, ``metadata_upload``, ``metadata_readback``,
+``clone``, ``transfer``, ``abort``) are accepted with any fields. ``parse_log_lines`` is the
+adapter for engines that log rather than write JSON: every line holding ``LEDGER <type>
+key=value ...`` becomes a row (values: decimal or ``0x`` integers, ``true``/``false``, or text;
+``rid``, ``owner``, ``role``, ``prefix``, ``policy``, ``name`` are always text);
+everything else on the line and every other line is ignored, so a whole server log can be fed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from forensics.attribute import Attribution, attribute
+from forensics.schema import SchemaError
+
+__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "attribute_streams", "parse_log_lines", "streams", "validate_row"]
+
+LEDGER_VERSION = 1
+
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    "alloc": ("slot", "owner", "role"),
+    "free": ("slot", "owner", "role"),
+    "snapshot_track": ("rid", "slot", "position"),
+    "snapshot_write": ("rid", "slot", "position", "checksum"),
+    "slot_write": ("rid", "slot", "position", "checksum"),
+    "clone_written": ("src", "dst", "position", "checksum"),
+    "donate": ("rid", "slot", "position", "prefix", "policy"),
+    "restore": ("rid", "src", "dst", "position", "prefix"),
+    "restore_read": ("rid", "src", "dst", "position", "src_checksum"),
+    "decode_metadata": ("rid", "read_checksum", "staged_checksum"),
+    "reference_state": ("prefix", "position", "checksum"),
+    "shared_page_write": ("rid", "page"),
+    "fault": ("name",),
+}
+_TEXT_FIELDS = ("rid", "owner", "role", "prefix", "policy", "name", "engine", "label")  # never parsed as numbers
+_FREE_FORM = ("evict", "fork", "page_cow", "metadata_upload", "metadata_readback", "clone", "transfer", "abort")
+
+
+def validate_row(row: Mapping[str, Any]) -> None:
+    """Raise SchemaError naming the row's type and the missing field; pure."""
+    kind = row.get("type")
+    if kind not in ROW_FIELDS and kind not in _FREE_FORM:
+        raise SchemaError(f"ledger row type {kind!r} is unknown; known: {', '.join([*ROW_FIELDS, *_FREE_FORM])}")
+    if not isinstance(row.get("seq"), int):
+        raise SchemaError(f"ledger row {kind!r} needs an integer 'seq' (its order in its stream)")
+    missing = [f for f in ROW_FIELDS.get(kind, ()) if f not in row]
+    if missing:
+        raise SchemaError(f"ledger row {kind!r} (seq {row['seq']}) lacks {', '.join(missing)}")
+
+
+def streams(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, Any], list[Mapping[str, Any]]]:
+    """Rows grouped by the engine stream they came from (``engine``, ``round``); seq restarts per stream."""
+    grouped: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[(row.get("engine"), row.get("round"))].append(row)
+    return dict(grouped)
+
+
+def attribute_streams(rows: Iterable[Mapping[str, Any]], corrupted: Sequence[str], *,
+                      echo_failed: Iterable[str] = ()) -> Attribution:
+    """Attribute each corrupted request within the stream that served it (the one whose rows name it);
+    a request no stream names is judged against an empty ledger (every hypothesis untested for it)."""
+    rows = list(rows)
+    if not corrupted:
+        return attribute(rows, [])
+    by_stream = streams(rows)
+    echo, home = set(echo_failed), {}
+    for key, stream in by_stream.items():
+        for row in stream:
+            if row.get("rid") in corrupted and key[0] != "control":
+                home.setdefault(row["rid"], key)
+    parts = [attribute(by_stream.get(home.get(rid), ()), [rid], echo_failed=echo & {rid}) for rid in corrupted]
+    return Attribution(tuple(v for part in parts for v in part.verdicts), _merge_hypotheses(parts),
+                       tuple(w for part in parts for w in part.windows))
+
+
+def _merge_hypotheses(parts: Sequence[Attribution]) -> tuple[dict[str, Any], ...]:
+    merged = []
+    for i, first in enumerate(parts[0].hypotheses):
+        statuses = [p.hypotheses[i]["status"] for p in parts]
+        confirmed = statuses.count("confirmed")
+        status = ("confirmed" if confirmed else "falsified" if "falsified" in statuses else "untested")
+        tested = sum(s != "untested" for s in statuses)
+        detail = (f"{confirmed} of {len(parts)} failures" if confirmed else
+                  f"evidence clean on all {tested} failures that could test it" if tested else "no failure could test it")
+        merged.append({**first, "status": status, "detail": detail})
+    return tuple(merged)
+
+
+def parse_log_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """Ledger rows from log lines holding ``LEDGER <type> key=value ...`` (others ignored). Rows without
+    a ``seq`` are numbered in line order; each row is validated (SchemaError names the line)."""
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if "LEDGER " not in line:
+            continue
+        words = shlex.split(line[line.index("LEDGER ") + len("LEDGER "):])
+        if not words:
+            raise SchemaError(f"line {number}: 'LEDGER' must be followed by a row type")
+        row: dict[str, Any] = {"type": words[0]}
+        for word in words[1:]:
+            key, sep, value = word.partition("=")
+            if not sep:
+                raise SchemaError(f"line {number}: {word!r} is not key=value")
+            row[key] = value if key in _TEXT_FIELDS else _value(value)
+        row.setdefault("seq", len(rows) + 1)
+        try:
+            validate_row(row)
+        except SchemaError as err:
+            raise SchemaError(f"line {number}: {err}") from None
+        rows.append(row)
+    return rows
+
+
+def _value(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return int(text, 0)
+    except ValueError:
+        return text

@@ -1,0 +1,58 @@
+"""The public ledger schema and the log-line adapter: a foreign engine's log is attributed like ours."""
+
+import pytest
+
+from forensics import SchemaError
+from forensics.ledger import attribute_streams, parse_log_lines, streams, validate_row
+
+FOREIGN_LOG = """\
+2026-12-02 10:00:01 INFO scheduler: batch 41 built (3 reqs)
+2026-12-02 10:00:01 DEBUG LEDGER slot_write rid=req-A slot=7 position=128 checksum=0x1111 batch=41
+2026-12-02 10:00:01 DEBUG LEDGER donate rid=req-A slot=7 position=128 prefix=9f00aa policy=transfer
+2026-12-02 10:00:01 DEBUG LEDGER reference_state prefix=9f00aa position=128 checksum=0x1111
+2026-12-02 10:00:02 DEBUG LEDGER slot_write rid=req-A slot=7 position=129 checksum=0x2222 batch=42
+2026-12-02 10:00:02 INFO radix: hit 128 tokens for req-B
+2026-12-02 10:00:02 DEBUG LEDGER restore rid=req-B src=7 dst=3 position=128 prefix=9f00aa
+2026-12-02 10:00:02 DEBUG LEDGER restore_read rid=req-B src=7 dst=3 position=128 src_checksum=0x2222 checksum=0x2222
+"""
+
+
+def test_adapter_parses_a_foreign_log_and_attributes_the_planted_late_write():
+    """Only LEDGER lines become rows, numbered in order; the late write after a transfer is found."""
+    rows = parse_log_lines(FOREIGN_LOG.splitlines())
+    assert [r["type"] for r in rows] == ["slot_write", "donate", "reference_state", "slot_write", "restore",
+                                         "restore_read"]
+    assert rows[0]["checksum"] == 0x1111 and rows[1]["prefix"] == "9f00aa" and rows[-1]["seq"] == 6
+    (verdict,) = attribute_streams(rows, ["req-B"]).verdicts
+    assert verdict.verdict == "poisoned-after-donate"
+    assert any(r.get("position") == 129 for r in verdict.evidence)  # the write that poisoned it
+
+
+def test_digits_only_prefixes_stay_text():
+    """A prefix digest made only of digits is still the same text key as in JSON rows."""
+    (row,) = parse_log_lines(["LEDGER reference_state prefix=1234 position=64 checksum=5"])
+    assert row["prefix"] == "1234" and row["checksum"] == 5
+
+
+@pytest.mark.parametrize("line, message", [
+    ("LEDGER nonsense slot=1", "unknown"),
+    ("LEDGER donate rid=a slot=1 position=64", "lacks prefix, policy"),
+    ("LEDGER alloc slot", "not key=value"),
+])
+def test_bad_rows_name_the_line_and_the_field(line, message):
+    """A malformed ledger line is an error naming its line number and what is wrong."""
+    with pytest.raises(SchemaError, match=f"line 2: .*{message}"):
+        parse_log_lines(["ordinary log line", line])
+
+
+def test_rows_are_attributed_within_their_own_engine_stream():
+    """seq restarts per (engine, round): a request is judged only against its own stream's rows."""
+    rows = parse_log_lines(FOREIGN_LOG.splitlines())
+    clean = [{**r, "round": 1, "rid": str(r.get("rid", "")).replace("req-", "clean-"),
+              "src_checksum": 0x1111} for r in rows if r["type"] != "slot_write" or r["position"] == 128]
+    mine = [{**r, "round": 0} for r in rows]
+    assert set(streams(clean + mine)) == {(None, 0), (None, 1)}
+    verdicts = attribute_streams(clean + mine, ["req-B", "clean-B"]).verdicts
+    assert [v.verdict for v in verdicts] == ["poisoned-after-donate", "state-clean"]
+    with pytest.raises(SchemaError, match="integer 'seq'"):
+        validate_row({"type": "fault", "name": "x"})
