@@ -30,7 +30,9 @@ class Scheduler:
     def admit(self) -> list[Request]:
         """Move queued requests to running while slots, pages and ``max_running`` allow (FIFO)."""
         admitted = []
-        while self.waiting and len(self.running) < self.config.max_running:
+        # Unforked siblings join ``running`` at their fork: count them from admission on, or n > 1
+        # requests would push the batch past max_running (and the decode metadata's rows).
+        while self.waiting and self._seats() + 1 + len(self.waiting[0].children) <= self.config.max_running:
             if not self.cache.try_admit(self.waiting[0]):
                 break
             request = self.waiting.popleft()
@@ -38,6 +40,9 @@ class Scheduler:
             self.running.append(request)
             admitted.append(request)
         return admitted
+
+    def _seats(self) -> int:
+        return sum(1 + len(r.children) for r in self.running)
 
     def plan(self) -> list[BatchItem]:
         """One forward's items; advances each request's *scheduled* position (results come later)."""

@@ -300,3 +300,18 @@ def test_aborting_an_unforked_sibling_frees_what_admission_gave_it(tiny_model):
     drive(engine)
     assert [engine.result(c).finish_reason for c in engine.choices(rid)] == ["length", "abort", "length"]
     assert_no_leak(engine)
+
+
+def test_n_choices_never_push_the_batch_past_max_running(tiny_model):
+    """Siblings count from admission: n=2 requests filling max_running never build a batch larger than it
+    (found by the harness's branch-fanout pattern: the decode table has max_running rows)."""
+    rnd = random.Random(29)
+    engine = Engine(EngineConfig(max_running=4), model=tiny_model)
+    for _ in range(5):
+        engine.submit(tokens(rnd, 30), SamplingParams(max_tokens=6, temperature=0.7), n=2)
+    engine.submit(tokens(rnd, 30), SamplingParams(max_tokens=6))
+    while not engine.idle():
+        engine.step()
+        assert len(engine.scheduler.running) <= 4
+    assert all(r.finish_reason == "length" for r in engine.requests.values())
+    assert_no_leak(engine)

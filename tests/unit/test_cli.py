@@ -56,7 +56,7 @@ def readme_commands():
 def test_readme_opens_with_two_commands_and_ci_runs_the_test_one():
     """The README's first two commands install and run; CI runs the second one's test command verbatim."""
     main_job, tests = readme_commands()[:2]
-    assert "pip install torch==2.13.0" in main_job and "mini-engine" in main_job
+    assert "pip install torch==2.13.0" in main_job and "hammer soak" in main_job
     test_command = tests.split("&&")[-1].strip()
     assert test_command.startswith("pytest")
     ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]

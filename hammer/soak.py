@@ -1,0 +1,141 @@
+"""The soak: rounds of pattern ops against one target until a request count or a deadline, then verdicts.
+
+A soak reads like this::
+
+    create (or reopen, to resume) the run directory; write meta.json
+    for round r = 0, 1, ...:                      until --requests or --duration is reached
+        ops = pattern p_r (round robin) with seed stable_seed(soak seed, r)   (pure, replayable)
+        run them, then their controls            (the interpreter writes the history)
+    judge the history                            (probes' oracles: a verdict row per request)
+    attribute every corrupted hit                (forensics: from the engine's ledger, embedded only)
+    write summary.json, attribution.json, JUnit XML; exit 0 clean / 1 corrupted / 2 harness error
+
+Resuming continues after the last round whose controls all ended, with the same seeds, so a
+killed soak and its resumed remainder together equal an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+from forensics import RunDir
+from forensics.ledger import attribute_streams
+from hammer.interpreter import run_ops
+from hammer.patterns import generate_ops
+from hammer.targets import Target
+from probes import Analysis, check_run
+from probes.seeding import stable_seed
+
+__all__ = ["SoakPlan", "judge", "next_round", "round_ops", "run_soak", "write_junit"]
+
+EXIT_CLEAN, EXIT_CORRUPTED, EXIT_HARNESS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    patterns: tuple[str, ...]
+    seed: int
+    round_size: int = 24  # hammer ops per round (controls come on top)
+    requests: int | None = None  # stop once this many hammer ops were sent
+    duration: float | None = None  # or after this many seconds
+    settings: tuple[tuple[str, Any], ...] = ()  # pattern settings, applied to every pattern that takes them
+
+    def __post_init__(self) -> None:
+        if not self.patterns:
+            raise ValueError("a soak needs at least one pattern")
+        if self.requests is None and self.duration is None:
+            raise ValueError("bound the soak: give requests or duration")
+        if self.round_size < 1:
+            raise ValueError(f"round_size must be >= 1; got {self.round_size}")
+
+
+def round_ops(plan: SoakPlan, index: int):
+    """The ops of round ``index``: a pure function of the plan (what replay re-generates)."""
+    pattern = plan.patterns[index % len(plan.patterns)]
+    seed = stable_seed(plan.seed, index) % 2**31
+    ops = generate_ops(pattern, seed, plan.round_size, **dict(plan.settings))
+    return pattern, ops
+
+
+def run_soak(target: Target, run: RunDir, plan: SoakPlan, *, first_round: int = 0,
+             progress: Callable[[int, int], None] | None = None, concurrency: int | None = None) -> int:
+    """Run rounds from ``first_round`` until the plan's bound; returns the number of rounds run."""
+    started, sent, index = time.monotonic(), first_round * plan.round_size, first_round
+    with run.writer() as writer:
+        while _within(plan, sent, started):
+            target.begin_round(index)
+            _, ops = round_ops(plan, index)
+            run_ops(target, ops, writer, round_index=index, concurrency=concurrency)
+            sent += plan.round_size
+            index += 1
+            if progress is not None:
+                progress(index, sent)
+    return index
+
+
+def _within(plan: SoakPlan, sent: int, started: float) -> bool:
+    if plan.requests is not None and sent >= plan.requests:
+        return False
+    return plan.duration is None or time.monotonic() - started < plan.duration
+
+
+def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict[str, Any], int]:
+    """Check the stored history, attribute corrupted hits from the ledger, write summary.json and
+    attribution.json; returns (analysis, summary, exit code). Works on partial runs."""
+    run = RunDir.open(run_dir)
+    analysis = check_run(run_dir, exact=run.meta.target.get("kind") == "embedded")
+    counts = dict(analysis.counts)
+    hits, corrupted_hits = counts.get("hits", 0), counts.get("corrupted_hits", 0)
+    rate = corrupted_hits / hits if hits else 0.0
+    corrupted = [row.request for row in analysis.corrupted]
+    echo = [row.request for row in analysis.corrupted if "echo" in row.fired]
+    attribution = attribute_streams(run.ledger(), corrupted, echo_failed=echo)
+    (Path(run_dir) / "attribution.json").write_text(json.dumps(attribution.as_dict(), indent=2) + "\n")
+    code = EXIT_HARNESS if analysis.valid == "unknown" and not corrupted else (
+        EXIT_CORRUPTED if corrupted and rate > max_rate else EXIT_CLEAN)
+    verdicts = {}
+    for v in attribution.verdicts:
+        verdicts[v.verdict] = verdicts.get(v.verdict, 0) + 1
+    summary = {"run": str(Path(run_dir).resolve()), "valid": analysis.valid, "counts": counts,
+               "corrupted_hit_rate": rate, "max_rate": max_rate, "exit_code": code,
+               "corrupted": corrupted[:200], "attribution": verdicts,
+               "hypotheses": {h["hypothesis"]: h["status"] for h in attribution.hypotheses},
+               "anomalies": list(analysis.anomalies)[:50]}
+    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return analysis, summary, code
+
+
+def write_junit(analysis: Analysis, path: str | Path, *, name: str = "hammer") -> Path:
+    """JUnit XML: one testcase per (pattern, probe family); a failure lists its corrupted requests."""
+    cases: dict[tuple[str, str], list[str]] = {}
+    for row in analysis.rows:
+        if row.arm == "hammer":
+            cases.setdefault((row.pattern or "-", row.family or "-"), [])
+            if row.corrupted:
+                cases[(row.pattern or "-", row.family or "-")].append(f"{row.request} ({', '.join(row.fired)})")
+    failures = sum(bool(bad) for bad in cases.values())
+    lines = ['<?xml version="1.0" encoding="utf-8"?>',
+             f'<testsuite name={quoteattr(name)} tests="{len(cases)}" failures="{failures}">']
+    for (pattern, family), bad in sorted(cases.items()):
+        lines.append(f'  <testcase classname={quoteattr(pattern)} name={quoteattr(family)}>')
+        if bad:
+            lines.append(f'    <failure message={quoteattr(f"{len(bad)} corrupted")}>{escape(chr(10).join(bad))}</failure>')
+        lines.append("  </testcase>")
+    lines.append("</testsuite>")
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def next_round(run: RunDir) -> int:
+    """Where a resumed soak starts: after the last round that began (a partial one is not re-run, so
+    no request id is invoked twice; its unfinished requests stay pending and are never judged)."""
+    rounds = [(e.get("extra") or {}).get("round") for e in run.history() if e["type"] == "invoke"]
+    rounds = [r for r in rounds if r is not None]
+    return max(rounds) + 1 if rounds else 0

@@ -1,0 +1,80 @@
+"""The hammer CLI end to end on the embedded engine: soak, analyze, replay, resume, exit codes, bad options."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from forensics import RunDir
+from hammer.cli import main
+
+SMALL = ["--pattern", "alternate-abandon", "--round-size", "6"]
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    result = CliRunner().invoke(main, ["soak", "--requests", "12", *SMALL, "--out", str(out), "--seed", "5",
+                                       "--junit", str(out / "junit.xml")])
+    return out, result
+
+
+def test_clean_soak_exits_0_with_summary_junit_and_attribution(clean_run):
+    """A clean engine: exit 0, the summary table, summary.json with hits and no corruption, JUnit without failures."""
+    out, result = clean_run
+    assert result.exit_code == 0, result.output
+    assert "verdict             CLEAN" in result.output and "seed 5" in result.output
+    summary = json.loads((out / "last" / "summary.json").read_text())
+    assert summary["counts"]["hits"] > 0 and summary["counts"]["abandoned"] > 0 and summary["corrupted"] == []
+    assert 'failures="0"' in (out / "junit.xml").read_text()
+    assert json.loads((out / "last" / "attribution.json").read_text())["verdicts"] == []
+
+
+def test_replay_reproduces_every_token_and_analyze_rejudges(clean_run):
+    """replay re-executes the stored run token for token; analyze re-judges it with the same verdict."""
+    out, _ = clean_run
+    runner = CliRunner()
+    replayed = runner.invoke(main, ["replay", str(out / "last")])
+    assert replayed.exit_code == 0 and "every token identical" in replayed.output
+    analyzed = runner.invoke(main, ["analyze", str(out / "last")])
+    assert analyzed.exit_code == 0 and "CLEAN" in analyzed.output
+
+
+def test_resume_continues_with_fresh_rounds_and_seed_last(clean_run, tmp_path):
+    """--resume adds the next rounds to the same history without reusing a request id; --seed last reuses the seed."""
+    out, _ = clean_run
+    run = RunDir.open(out / "last")
+    before = sum(e["type"] == "invoke" for e in run.history())
+    meta = json.loads((run.path / "meta.json").read_text())
+    meta["extra"]["requests"] = 18
+    (run.path / "meta.json").write_text(json.dumps(meta))
+    resumed = CliRunner().invoke(main, ["soak", "--resume", str(run.path)])
+    assert resumed.exit_code == 0, resumed.output
+    invokes = [e["request"] for e in run.history() if e["type"] == "invoke"]
+    assert len(invokes) > before and len(invokes) == len(set(invokes))
+    again = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "2", "--seed", "last", "--out", str(out)])
+    assert again.exit_code == 0 and "seed 5" in again.output
+
+
+@pytest.mark.parametrize("args, option", [
+    (["soak", "--duration", "ten minutes"], "--duration"),
+    (["soak", "--seed", "x"], "--seed"),
+    (["soak", "--fault", "nope"], "--fault"),
+    (["soak", "--target", "http://127.0.0.1:1"], "--target"),
+    (["soak", "--max-rate", "2"], "--max-rate"),
+])
+def test_bad_options_name_the_option(args, option):
+    """Each bad option is a usage error (exit 2) naming it."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and option in result.output, result.output
+
+
+def test_a_planted_writer_bug_exits_1_and_is_attributed(tmp_path):
+    """--fault track_writer=off: corrupted hits only, exit 1, and the ledger attributes them bad-at-donate."""
+    result = CliRunner().invoke(main, ["soak", "--requests", "6", *SMALL, "--fault", "track_writer=off",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    summary = json.loads((tmp_path / "last" / "summary.json").read_text())
+    assert summary["counts"]["corrupted"] == summary["counts"]["corrupted_hits"] > 0
+    assert set(summary["attribution"]) == {"bad-at-donate"}
+    assert summary["hypotheses"]["poisoned-after-donate"] == "falsified"
