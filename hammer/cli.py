@@ -1,15 +1,20 @@
 """``hammer``: the harness's command line (DESIGN.md §5), the top floor: it may import everything.
 
-    hammer soak [--requests N | --duration 10m] [--pattern P ...] [--fault F ...]   rounds, verdicts, summary
-    hammer run PATTERN [--count N]                                                   one round of one pattern
-    hammer analyze RUN_DIR                                                           re-judge a stored run
-    hammer replay RUN_DIR                                                            re-execute, compare tokens
+    hammer soak [--requests N | --duration 10m] [--pattern P ...]     rounds of patterns, verdicts, summary
+    hammer run PATTERN [--count N] [--set key=value ...]               one round of one pattern
+    hammer probe FAMILY [--count N]                                    probes of one family, cold then hit
+    hammer analyze RUN_DIR                                             re-judge a stored (even killed) run
+    hammer replay RUN_DIR [--request ID]                               re-execute an embedded run, compare tokens
 
-Exit codes everywhere: 0 clean, 1 corrupted hits above --max-rate, 2 harness error.
+Every running command takes ``--target embedded`` (the in-process engine, default) or
+``--target http://HOST:PORT`` (any OpenAI-compatible server); nothing else changes with it.
+Exit codes everywhere: 0 clean, 1 corrupted hits above --max-rate (or any corrupted cold request),
+2 harness error (bad option, unreachable target, crash).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -20,13 +25,23 @@ from hammer import __version__
 
 __all__ = ["main"]
 
-DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "branch-fanout", "chunk-boundary", "multi-turn", "media-ab")
+DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
+                    "media-ab")
+ENGINE_FLAGS = {"faults": "--fault", "overlap": "--overlap", "device_seed": "--device-seed",
+                "max_running": "--max-running", "num_slots": "--num-slots", "num_pages": "--num-pages",
+                "page_size": "--page-size"}
+HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model", "control_url": "--control-url",
+              "timeout": "--timeout", "exact": "--exact/--inexact"}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hammer")
 def main() -> None:
-    """Hammer an inference engine's prefix cache and attribute every wrong answer on a hit."""
+    """Hammer an inference engine's prefix cache and attribute every wrong answer on a hit.
+
+    Runs write a run directory (runs/<time>-<id>, runs/last): meta.json, history.jsonl, ledger.jsonl
+    (embedded), summary.json and attribution.json.
+    """
 
 
 def _duration(_ctx, _param, value: str | None) -> float | None:
@@ -47,24 +62,75 @@ def _seed(_ctx, _param, value: str) -> int | str:
         raise click.BadParameter("an integer, or 'last' to reuse the seed of runs/last") from None
 
 
-def engine_target_options(command):
+def _target(_ctx, _param, value: str) -> str:
+    if value == "embedded" or re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+        return value
+    raise click.BadParameter("'embedded', or the URL of an OpenAI-compatible server (http://127.0.0.1:8000)")
+
+
+def _headers(_ctx, _param, values: tuple[str, ...]) -> dict[str, str]:
+    headers = {}
+    for value in values:
+        name, sep, content = value.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{value!r}: use NAME:VALUE, e.g. 'X-Team: harness'")
+        headers[name.strip()] = content.strip()
+    return headers
+
+
+def _settings(_ctx, _param, values: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
+    """``key=value`` pairs; a value is read as JSON when it parses (numbers, lists -> tuples), else as text."""
+    settings = {}
+    for value in values:
+        key, sep, raw = value.partition("=")
+        if not sep or not key.isidentifier():
+            raise click.BadParameter(f"{value!r}: use key=value, e.g. --set abandon_after=3")
+        try:
+            parsed = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed = raw
+        settings[key] = tuple(parsed) if isinstance(parsed, list) else parsed
+    return tuple(sorted(settings.items()))
+
+
+def run_options(command):
+    """What every running command takes: the target, the seed, the output, engine and HTTP options, verdicts."""
     from mini_engine.faults import FAULTS
 
+    positive = click.IntRange(min=1)
     options = [
-        click.option("--target", default="embedded", show_default=True, metavar="embedded",
-                     help="Where the requests go. Only the embedded engine for now (an HTTP target is issue 5's "
-                          "remaining work)."),
+        click.option("--target", default="embedded", show_default=True, callback=_target, metavar="embedded|URL",
+                     help="The in-process engine, or the base URL of an OpenAI-compatible server."),
         click.option("--seed", default="0", callback=_seed, show_default=True, help="Schedule seed, or 'last'."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
                      help="Root folder of run directories."),
-        click.option("--fault", "faults", multiple=True, type=click.Choice(list(FAULTS)), metavar="NAME",
-                     help=f"Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}."),
-        click.option("--overlap", is_flag=True, help="Overlap scheduling in the engine under test."),
-        click.option("--device-seed", type=int, default=0, show_default=True, help="Seed of the simulated device."),
+        click.option("--concurrency", type=positive, default=None, help="Most requests open at once (default: any)."),
         click.option("--max-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
                      help="Corrupted-hit rate above which the exit code is 1."),
         click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Also write JUnit XML here."),
+        click.option("--fault", "faults", multiple=True, type=click.Choice(list(FAULTS)), metavar="NAME",
+                     help=f"[embedded] Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}."),
+        click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
+        click.option("--device-seed", type=int, default=0, show_default=True,
+                     help="[embedded] Seed of the simulated device (round r uses seed + r)."),
+        click.option("--max-running", type=positive, default=None, help="[embedded] Requests batched at once."),
+        click.option("--num-slots", type=positive, default=None, help="[embedded] Linear-state slots."),
+        click.option("--num-pages", type=positive, default=None, help="[embedded] KV pages."),
+        click.option("--page-size", type=click.Choice(["1", "2", "4", "8", "16", "32", "64"]), default=None,
+                     help="[embedded] Tokens per KV page (finish donations land on page-aligned lengths)."),
+        click.option("--api-key", default=None, envvar="HAMMER_API_KEY",
+                     help="[http] Sent as 'Authorization: Bearer KEY' (env HAMMER_API_KEY)."),
+        click.option("--header", "headers", multiple=True, callback=_headers, metavar="NAME:VALUE",
+                     help="[http] An extra request header (repeatable)."),
+        click.option("--model", default=None, help="[http] The model name to ask for (default: the server's first)."),
+        click.option("--control-url", default=None, metavar="URL",
+                     help="[http] Run the cold controls here: a second server with its prefix cache off."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+                     help="[http] Seconds a request may wait for its next bytes."),
+        click.option("--exact/--inexact", default=None,
+                     help="[http] Count a hit that differs from its control as corruption (default: yes for "
+                          "mini-engine servers, which are hit-invariant; no for others)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -72,29 +138,42 @@ def engine_target_options(command):
 
 
 @main.command()
-@engine_target_options
+@run_options
 @click.option("--requests", type=click.IntRange(min=1), default=None, help="Stop after this many hammer requests.")
-@click.option("--duration", callback=_duration, default=None, help="Or stop after this long (e.g. 10m).")
-@click.option("--pattern", "patterns", multiple=True, metavar="NAME", help="Pattern(s), round robin (default: six).")
+@click.option("--duration", callback=_duration, default=None, help="Or stop after this long (e.g. 90s, 10m, 2h).")
+@click.option("--pattern", "patterns", multiple=True, metavar="NAME",
+              help="Pattern(s), round robin (repeatable; default: seven, follow-up among them).")
 @click.option("--round-size", type=click.IntRange(min=1), default=24, show_default=True, help="Hammer ops per round.")
+@click.option("--set", "settings", multiple=True, callback=_settings, metavar="KEY=VALUE",
+              help="A pattern setting, given to every pattern of the soak (repeatable).")
 @click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
-              help="Continue a stored soak (same seeds, next round).")
-def soak(target, seed, out, faults, overlap, device_seed, max_rate, junit, requests, duration, patterns, round_size,
-         resume):
+              help="Continue a stored soak (same seeds and plan, next round).")
+def soak(patterns, requests, duration, round_size, settings, resume, **options):
     """Rounds of load patterns with their cold controls until --requests or --duration; then verdicts."""
     if requests is None and duration is None:
         requests = 240
-    _execute(target, seed, out, faults, overlap, device_seed, max_rate, junit, patterns or DEFAULT_PATTERNS,
-             requests, duration, round_size, resume)
+    _execute(options, patterns or DEFAULT_PATTERNS, requests, duration, round_size, settings, resume)
 
 
 @main.command("run")
-@engine_target_options
+@run_options
 @click.argument("pattern")
 @click.option("--count", type=click.IntRange(min=1), default=24, show_default=True, help="Hammer requests.")
-def run_pattern(target, seed, out, faults, overlap, device_seed, max_rate, junit, pattern, count):
+@click.option("--set", "settings", multiple=True, callback=_settings, metavar="KEY=VALUE",
+              help="A setting of the pattern (repeatable), e.g. --set abandon_after=3.")
+def run_pattern(pattern, count, settings, **options):
     """One round of one PATTERN (and its controls)."""
-    _execute(target, seed, out, faults, overlap, device_seed, max_rate, junit, (pattern,), count, None, count, None)
+    _execute(options, (pattern,), count, None, count, settings, None)
+
+
+@main.command()
+@run_options
+@click.argument("family")
+@click.option("--count", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Hammer requests (each probe asked twice: cold, then a hit).")
+def probe(family, count, **options):
+    """Probes of one FAMILY (arithmetic, needle, recall, media) through the target."""
+    _execute(options, (f"probe:{family}",), count, None, count, (), None)
 
 
 @main.command()
@@ -114,31 +193,64 @@ def analyze(run_dir, max_rate, junit):
 
 @main.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
-def replay(run_dir):
+@click.option("--request", default=None, metavar="ID", help="Replay only this request's round; compare only it.")
+def replay(run_dir, request):
     """Re-execute an embedded run from its meta.json and check every streamed token is identical."""
     from hammer.replay import replay_run
 
-    first_difference = replay_run(run_dir)
+    try:
+        first_difference = replay_run(run_dir, request=request)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    what = f"request {request} of {run_dir}" if request else str(run_dir)
     if first_difference is None:
-        click.echo(f"replay of {run_dir}: every token identical")
+        click.echo(f"replay of {what}: every token identical")
         sys.exit(0)
-    click.echo(f"replay of {run_dir} differs: {first_difference}")
+    click.echo(f"replay of {what} differs: {first_difference}")
     sys.exit(1)
 
 
-def _execute(target, seed, out, faults, overlap, device_seed, max_rate, junit, patterns, requests, duration,
-             round_size, resume):
-    from hammer.runs import execute
+def _split_options(options: dict) -> tuple[dict, dict]:
+    """(engine options, HTTP options) for the chosen target; an option of the other target is an error."""
+    ctx = click.get_current_context()
+    embedded = options["target"] == "embedded"
+    given = {name for name in (*ENGINE_FLAGS, *HTTP_FLAGS)
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    wrong = sorted(given & set(HTTP_FLAGS if embedded else ENGINE_FLAGS))
+    if wrong:
+        flags = HTTP_FLAGS if embedded else ENGINE_FLAGS
+        raise click.BadParameter(f"{flags[wrong[0]]} applies to the {'http' if embedded else 'embedded'} target "
+                                 f"only; this run's --target is {options['target']}", param_hint=flags[wrong[0]])
+    engine = {name: options[name] for name in ENGINE_FLAGS if options[name] is not None}
+    if "page_size" in engine:
+        engine["page_size"] = int(engine["page_size"])
+    return engine, {name: options[name] for name in HTTP_FLAGS if options[name] is not None}
 
-    if target != "embedded":
-        raise click.BadParameter("only 'embedded' is supported yet", param_hint="--target")
+
+def _execute(options, patterns, requests, duration, round_size, settings, resume):
+    from forensics import RunDir, resolve_run
+    from hammer.progress import Progress
+    from hammer.runs import execute
+    from hammer.soak import SoakPlan
+    from hammer.targets import TargetUnavailable
+
+    engine, http = _split_options(options)
+    seed = options["seed"]
     try:
-        run_dir, code, summary = execute(seed=seed, out=out, faults=faults, overlap=overlap, device_seed=device_seed,
-                                         max_rate=max_rate, junit=junit, patterns=patterns, requests=requests,
-                                         duration=duration, round_size=round_size, resume=resume,
-                                         command=tuple(sys.argv), echo=click.echo)
-    except ValueError as err:
+        if seed == "last":
+            seed = int(RunDir.open(resolve_run(options["out"], "last")).meta.seeds["pattern"])
+        plan = None if resume else SoakPlan(tuple(patterns), int(seed), round_size=round_size, requests=requests,
+                                            duration=duration, settings=settings, concurrency=options["concurrency"])
+        with Progress(total=requests) as progress:
+            run_dir, code, summary = execute(target=options["target"], plan=plan, out=options["out"], engine=engine,
+                                             http=http, resume=resume, max_rate=options["max_rate"],
+                                             junit=options["junit"], command=tuple(sys.argv), echo=click.echo,
+                                             progress=progress)
+    except (ValueError, FileNotFoundError) as err:
         raise click.UsageError(str(err)) from None
+    except TargetUnavailable as err:
+        click.echo(f"Error: --target {options['target']}: {err}", err=True)
+        sys.exit(2)
     _print_summary(summary)
     sys.exit(code)
 
@@ -148,14 +260,19 @@ def _print_summary(summary: dict) -> None:
 
     c = summary["counts"]
     hits, bad = c.get("hits", 0), c.get("corrupted_hits", 0)
-    upper = wilson(bad, hits).upper if hits else 1.0
+    upper = wilson(bad, hits, sided="upper").upper if hits else 1.0
+    verdict = {0: "CLEAN", 1: "CORRUPTED", 2: "HARNESS ERROR"}[summary["exit_code"]]
+    if summary["valid"] == "unknown" and summary["exit_code"] == 0:
+        anomalies = summary.get("anomalies") or []
+        why = f"{c.get('unknown', 0)} request(s) not judged, {len(anomalies)} anomalies"
+        verdict += f" but unknown: {why}" + (f", e.g. {anomalies[0]}" if anomalies else "")
     rows = [("requests", c.get("requests", 0)), ("hammer / control", f"{c.get('hammer', 0)} / {c.get('controls', 0)}"),
             ("completed", c.get("completed", 0)), ("hits", hits),
             ("hit rate", f"{hits / max(1, c.get('completed', 0)):.1%}"), ("abandoned", c.get("abandoned", 0)),
             ("corrupted", c.get("corrupted", 0)), ("corrupted hits", bad),
-            ("corrupted-hit rate", f"{summary['corrupted_hit_rate']:.2%} (95% Wilson upper {upper:.2%})"),
+            ("corrupted-hit rate", f"{summary['corrupted_hit_rate']:.2%} (95% Wilson upper bound {upper:.2%})"),
             ("attribution", ", ".join(f"{k}: {v}" for k, v in summary["attribution"].items()) or "-"),
-            ("verdict", {0: "CLEAN", 1: "CORRUPTED", 2: "HARNESS ERROR"}[summary["exit_code"]])]
+            ("verdict", verdict)]
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     click.echo(f"run directory: {summary['run']}")

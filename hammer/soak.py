@@ -4,7 +4,8 @@ A soak reads like this::
 
     create (or reopen, to resume) the run directory; write meta.json
     for round r = 0, 1, ...:                      until --requests or --duration is reached
-        ops = pattern p_r (round robin) with seed stable_seed(soak seed, r)   (pure, replayable)
+        ops = pattern p_r (round robin) with seed stable_seed(soak seed, r)   (pure, replayable;
+                                                  a pattern may also be probe:FAMILY, hammer.probing)
         run them, then their controls            (the interpreter writes the history)
     judge the history                            (probes' oracles: a verdict row per request)
     attribute every corrupted hit                (forensics: from the engine's ledger, embedded only)
@@ -27,9 +28,9 @@ from xml.sax.saxutils import escape, quoteattr
 from forensics import RunDir
 from forensics.ledger import attribute_streams
 from hammer.interpreter import run_ops
-from hammer.patterns import generate_ops
+from hammer.probing import source_ops
 from hammer.targets import Target
-from probes import Analysis, check_run
+from probes import Analysis, check_history, check_run
 from probes.seeding import stable_seed
 
 __all__ = ["SoakPlan", "judge", "next_round", "round_ops", "run_soak", "write_junit"]
@@ -44,7 +45,8 @@ class SoakPlan:
     round_size: int = 24  # hammer ops per round (controls come on top)
     requests: int | None = None  # stop once this many hammer ops were sent
     duration: float | None = None  # or after this many seconds
-    settings: tuple[tuple[str, Any], ...] = ()  # pattern settings, applied to every pattern that takes them
+    settings: tuple[tuple[str, Any], ...] = ()  # pattern settings (--set), given to every pattern of the plan
+    concurrency: int | None = None  # most requests open at once (the interpreter's limit; replay needs it)
 
     def __post_init__(self) -> None:
         if not self.patterns:
@@ -53,29 +55,39 @@ class SoakPlan:
             raise ValueError("bound the soak: give requests or duration")
         if self.round_size < 1:
             raise ValueError(f"round_size must be >= 1; got {self.round_size}")
+        for pattern in self.patterns:  # a bad name or setting fails now, naming itself, not mid-run
+            try:
+                source_ops(pattern, 0, 1, **dict(self.settings))
+            except TypeError as error:
+                raise ValueError(f"pattern {pattern}: {error} (check --set)") from None
 
 
 def round_ops(plan: SoakPlan, index: int):
     """The ops of round ``index``: a pure function of the plan (what replay re-generates)."""
     pattern = plan.patterns[index % len(plan.patterns)]
     seed = stable_seed(plan.seed, index) % 2**31
-    ops = generate_ops(pattern, seed, plan.round_size, **dict(plan.settings))
+    ops = source_ops(pattern, seed, plan.round_size, **dict(plan.settings))
     return pattern, ops
 
 
 def run_soak(target: Target, run: RunDir, plan: SoakPlan, *, first_round: int = 0,
-             progress: Callable[[int, int], None] | None = None, concurrency: int | None = None) -> int:
-    """Run rounds from ``first_round`` until the plan's bound; returns the number of rounds run."""
+             progress: Callable[[int, dict[str, int]], None] | None = None) -> int:
+    """Run rounds from ``first_round`` until the plan's bound; returns the number of rounds run.
+
+    ``progress(round, counts)`` hears each round's verdict counts as it ends. Raises
+    TargetUnavailable if the target cannot be reached, before the first round or during one.
+    """
+    target.check()
     started, sent, index = time.monotonic(), first_round * plan.round_size, first_round
     with run.writer() as writer:
         while _within(plan, sent, started):
             target.begin_round(index)
             _, ops = round_ops(plan, index)
-            run_ops(target, ops, writer, round_index=index, concurrency=concurrency)
+            events = run_ops(target, ops, writer, round_index=index, concurrency=plan.concurrency)
             sent += plan.round_size
             index += 1
             if progress is not None:
-                progress(index, sent)
+                progress(index, dict(check_history(events).counts))
     return index
 
 
@@ -89,7 +101,7 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
     """Check the stored history, attribute corrupted hits from the ledger, write summary.json and
     attribution.json; returns (analysis, summary, exit code). Works on partial runs."""
     run = RunDir.open(run_dir)
-    analysis = check_run(run_dir, exact=run.meta.target.get("kind") == "embedded")
+    analysis = check_run(run_dir, exact=bool(run.meta.target.get("exact", run.meta.target.get("kind") == "embedded")))
     counts = dict(analysis.counts)
     hits, corrupted_hits = counts.get("hits", 0), counts.get("corrupted_hits", 0)
     rate = corrupted_hits / hits if hits else 0.0
@@ -97,8 +109,9 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
     echo = [row.request for row in analysis.corrupted if "echo" in row.fired]
     attribution = attribute_streams(run.ledger(), corrupted, echo_failed=echo)
     (Path(run_dir) / "attribution.json").write_text(json.dumps(attribution.as_dict(), indent=2) + "\n")
-    code = EXIT_HARNESS if analysis.valid == "unknown" and not corrupted else (
-        EXIT_CORRUPTED if corrupted and rate > max_rate else EXIT_CLEAN)
+    # A corrupted request that is no hit (cold corruption: the reference itself is in doubt) always fails.
+    cold_corrupted = len(corrupted) > corrupted_hits
+    code = EXIT_CORRUPTED if (corrupted_hits and rate > max_rate) or cold_corrupted else EXIT_CLEAN
     verdicts = {}
     for v in attribution.verdicts:
         verdicts[v.verdict] = verdicts.get(v.verdict, 0) + 1

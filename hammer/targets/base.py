@@ -92,6 +92,9 @@ class Target(ABC):
     def check(self) -> None:
         """Raise TargetUnavailable if the target cannot serve (called before a run starts)."""
 
+    def attach(self, run_dir: Any) -> None:
+        """The run directory this target writes its own evidence into (the embedded ledger)."""
+
     def begin_round(self, index: int) -> None:
         """A soak round starts (the embedded target builds fresh engines, seeded for the round)."""
 

@@ -93,19 +93,15 @@ class EngineLane(Lane):
     def observe(self, request: str) -> list[Update]:
         updates: list[Update] = []
         for choice, rid in enumerate(self._choices[request]):
-            updates += self._new_tokens(choice, rid)
-            result = self.engine.result(rid)
-            if result.finish_reason in ("stop", "length") and rid not in self._reported:
+            streamed, finish_reason = self.engine.poll(rid)
+            seen, self._seen[rid] = self._seen.get(rid, 0), streamed
+            decode = self.engine.tokenizer.decode
+            # A token's text is the token decoded alone: one byte of a multi-byte character reads U+FFFD.
+            updates += [Delta(choice, decode([t], skip_special=True), t) for t in self.engine.tokens(rid, seen)]
+            if finish_reason in ("stop", "length") and rid not in self._reported:
                 self._reported.add(rid)
-                updates.append(_completion(choice, result))
+                updates.append(_completion(choice, self.engine.result(rid)))
         return updates
-
-    def _new_tokens(self, choice: int, rid: str) -> list[Delta]:
-        tokens = self.engine.tokens(rid)
-        seen, self._seen[rid] = self._seen.get(rid, 0), len(tokens)
-        decode = self.engine.tokenizer.decode
-        # A token's text is the token decoded alone: one byte of a multi-byte character reads U+FFFD.
-        return [Delta(choice, decode([t], skip_special=True), t) for t in tokens[seen:]]
 
     def abort(self, request: str) -> None:
         self.engine.abort(request)
@@ -141,10 +137,9 @@ class EmbeddedTarget(SteppedTarget):
         self.model = model if model is not None else load_model(self.config.model)
         self.ledger = LedgerWriter(ledger) if ledger is not None else None
         self._lanes: dict[str, EngineLane] = {}
-        self.begin_round(0)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "device": self.config.device, "model": self.model.config.name}
+        return {"kind": self.kind, "device": self.config.device, "model": self.model.config.name, "exact": True}
 
     def engine(self) -> dict[str, Any]:
         return {**self.options, "faults": list(self.options["faults"])}
@@ -157,6 +152,10 @@ class EmbeddedTarget(SteppedTarget):
     def controls(self) -> str:
         return "cold and alone on a separate engine: cache off, every safeguard on, one at a time"
 
+    def attach(self, run_dir: str | os.PathLike) -> None:
+        if self.ledger is None:
+            self.ledger = LedgerWriter(Path(run_dir) / "ledger.jsonl")
+
     def begin_round(self, index: int) -> None:
         seed = self.config.device_seed + index
         hammer = {**self.options, "device_seed": seed}
@@ -168,6 +167,8 @@ class EmbeddedTarget(SteppedTarget):
         return lambda sink: Engine(EngineConfig(**options), model=self.model, sink=sink)
 
     def lane(self, arm: str) -> EngineLane:
+        if not self._lanes:
+            self.begin_round(0)
         return self._lanes[arm]
 
     def close(self) -> None:
