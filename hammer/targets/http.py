@@ -45,7 +45,8 @@ class HttpTarget(StreamingTarget):
 
     def __init__(self, url: str, *, api_key: str | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, timeout: float = 120.0, connect_retries: int = 3,
-                 control_url: str | None = None, exact: bool | None = None) -> None:
+                 control_url: str | None = None, exact: bool | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         if timeout <= 0 or connect_retries < 0:
             raise ValueError(f"need timeout > 0 and connect_retries >= 0; got {timeout}, {connect_retries}")
         self.url, self.control_url = url.rstrip("/"), (control_url or "").rstrip("/") or None
@@ -55,6 +56,7 @@ class HttpTarget(StreamingTarget):
         self.server = "unknown"
         self._exact = exact  # None: exact when the server is mini-engine (float32, hit-invariant)
         self._client: httpx.AsyncClient | None = None
+        self._transport = transport  # tests: an httpx.MockTransport instead of the network
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.url, "model": self.model, "server": self.server,
@@ -83,7 +85,8 @@ class HttpTarget(StreamingTarget):
 
     def _models(self, url: str) -> list[dict[str, Any]]:
         try:
-            response = httpx.get(f"{url}/v1/models", headers=self.headers, timeout=min(self.timeout, 10.0))
+            with httpx.Client(transport=self._transport, headers=self.headers, timeout=min(self.timeout, 10.0)) as client:
+                response = client.get(f"{url}/v1/models")
         except httpx.HTTPError as error:
             raise TargetUnavailable(f"cannot reach {url}: {error}; is the server running?") from error
         if response.status_code != 200:
@@ -98,7 +101,15 @@ class HttpTarget(StreamingTarget):
             yield Failure(str(error))
             return
         base = self.control_url if op.arm == CONTROL_ARM and self.control_url else self.url
-        async with await self._open(f"{base}{path}", body) as response:
+        try:
+            opened = await self._open(f"{base}{path}", body)
+        except httpx.TimeoutException as error:  # sent, no answer in time: it may have run
+            yield Indeterminate("timeout", f"{type(error).__name__}: {error}")
+            return
+        except httpx.HTTPError as error:  # sent, then the exchange broke: it may have run, never re-sent
+            yield Indeterminate("unknown", f"{type(error).__name__}: {error}")
+            return
+        async with opened as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode("utf-8", "replace")[:500]
                 yield Failure(f"HTTP {response.status_code}: {detail}", response.status_code)
@@ -124,7 +135,7 @@ class HttpTarget(StreamingTarget):
     def _client_now(self) -> httpx.AsyncClient:
         if self._client is None:  # one per event loop: the interpreter runs each round in its own
             timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))
-            self._client = httpx.AsyncClient(headers=self.headers, timeout=timeout,
+            self._client = httpx.AsyncClient(headers=self.headers, timeout=timeout, transport=self._transport,
                                              limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         return self._client
 

@@ -1,0 +1,173 @@
+"""The HTTP target speaks OpenAI streaming: what it sends, what it records, how it fails, and that a
+real ``mini-engine`` server hammered through it shows no corruption (abandon = a real disconnect)."""
+
+import base64
+import json
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from forensics import HistoryWriter, fold_history, read_history
+from hammer.cli import main
+from hammer.interpreter import run_ops
+from hammer.patterns import Op, generate_ops
+from hammer.targets import TargetUnavailable
+from hammer.targets.http import HttpTarget
+from mini_engine.engine import Engine, EngineConfig
+from probes import Message, check_history
+from tests.server.conftest import live_server
+
+
+def sse(*chunks):
+    return ("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n").encode()
+
+
+COMPLETION = sse({"choices": [{"index": 0, "text": "4"}]}, {"choices": [{"index": 0, "text": "33"}]},
+                 {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+                 {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                                           "prompt_tokens_details": {"cached_tokens": 64}},
+                  "forensics": {"choices": [{"index": 0, "cache_key": "k1", "restored_slot": 7,
+                                             "cached_tokens": 64, "request_id": "cmpl-1"}]}})
+
+
+def mock_target(handler, **options):
+    return HttpTarget("http://server.test", transport=httpx.MockTransport(handler), **options)
+
+
+def run(target, ops, folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    with HistoryWriter(folder / "history.jsonl") as writer:
+        run_ops(target, ops, writer)
+    return read_history(folder / "history.jsonl")
+
+
+def test_a_completion_stream_is_recorded_with_usage_and_forensics(tmp_path):
+    """Deltas become token events; the ok event holds the text, cached_tokens and the forensics extension."""
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        return httpx.Response(200, content=COMPLETION)
+
+    target = mock_target(handler, api_key="sekret", headers={"X-Team": "harness"}, model="m")
+    events = run(target, [Op(request="a", pattern="p", prompt="hello", max_tokens=4, stop=("\n",))], tmp_path)
+    body = json.loads(seen[0].content)
+    assert seen[0].url.path == "/v1/completions" and body["prompt"] == "hello" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True} and body["model"] == "m" and body["stop"] == ["\n"]
+    assert seen[0].headers["authorization"] == "Bearer sekret" and seen[0].headers["x-team"] == "harness"
+    assert [e["text"] for e in events if e["type"] == "token"] == ["4", "33"]
+    ok = next(e for e in events if e["type"] == "ok")
+    assert ok["text"] == "433" and ok["cached_tokens"] == 64 and ok["finish_reason"] == "stop"
+    assert ok["forensic"] == {"cache_key": "k1", "restored_slot": 7, "cached_tokens": 64, "request_id": "cmpl-1"}
+
+
+def test_chat_media_go_as_content_parts_one_per_marker(tmp_path):
+    """A chat op's media travel as image_url data-URL parts where its <|media|> markers stand."""
+    bodies = []
+
+    def handler(request):
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, content=sse({"choices": [{"index": 0, "delta": {"content": "red"},
+                                                              "finish_reason": "stop"}]}))
+
+    op = Op(request="m", pattern="p", messages=(Message("user", "Look: <|media|> now"),), media=(b"\x00img",))
+    events = run(mock_target(handler), [op], tmp_path)
+    parts = bodies[0]["messages"][0]["content"]
+    url = "data:application/octet-stream;base64," + base64.b64encode(b"\x00img").decode()
+    assert parts == [{"type": "text", "text": "Look: "}, {"type": "image_url", "image_url": {"url": url}},
+                     {"type": "text", "text": " now"}]
+    assert next(e for e in events if e["type"] == "ok")["text"] == "red"
+
+
+def test_only_connection_failures_are_retried(tmp_path):
+    """Two refused connections then success: sent once more each time; a break after sending is never re-sent."""
+    calls = []
+
+    def flaky(request):
+        calls.append(request)
+        if len(calls) <= 2:
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, content=COMPLETION)
+
+    events = run(mock_target(flaky, connect_retries=3), [Op(request="a", pattern="p", prompt="x")], tmp_path)
+    assert len(calls) == 3 and events[-1]["type"] == "ok"
+    broken = []
+
+    def reset(request):
+        broken.append(request)
+        raise httpx.ReadError("connection reset")
+
+    events = run(mock_target(reset), [Op(request="b", pattern="p", prompt="x")], tmp_path / "b")
+    assert len(broken) == 1 and events[-1]["type"] == "info" and events[-1]["reason"] == "unknown"
+
+
+def test_an_unreachable_server_stops_the_run_after_recording_a_fail(tmp_path):
+    """Connections refused past the retries: the request is a fail and TargetUnavailable ends the run."""
+    def refuse(request):
+        raise httpx.ConnectError("refused")
+
+    with HistoryWriter(tmp_path / "h.jsonl") as writer, pytest.raises(TargetUnavailable):
+        run_ops(mock_target(refuse, connect_retries=1), [Op(request="a", pattern="p", prompt="x")], writer)
+    assert [e["type"] for e in read_history(tmp_path / "h.jsonl")] == ["invoke", "fail"]
+    with pytest.raises(TargetUnavailable, match="cannot reach"):
+        mock_target(refuse).check()
+
+
+@pytest.mark.parametrize("answer, kind, detail", [
+    (httpx.Response(400, json={"error": {"message": "max_tokens: too big"}}), "fail", "HTTP 400"),
+    (httpx.ReadTimeout("slow"), "info", "ReadTimeout"),
+    (httpx.Response(200, content=b"data: {\"choices\": []}\n\n"), "info", "without [DONE]"),
+])
+def test_refusals_timeouts_and_cut_streams_end_as_fail_or_info(tmp_path, answer, kind, detail):
+    """A 4xx is a fail naming the status; a timeout is info: timeout; a stream without [DONE] is info: unknown."""
+    def handler(request):
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    end = run(mock_target(handler), [Op(request="a", pattern="p", prompt="x")], tmp_path)[-1]
+    assert end["type"] == kind and detail in end.get("error", "")
+    if kind == "fail":
+        assert end["status"] == 400
+    if isinstance(answer, httpx.ReadTimeout):
+        assert end["reason"] == "timeout"
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model):
+    """mini-engine serve (cache on, overlap) and a cache-off twin for the controls, both on 127.0.0.1."""
+    with live_server(Engine(EngineConfig(overlap=True), model=tiny_model)) as hot, \
+            live_server(Engine(EngineConfig(enable_cache=False), model=tiny_model)) as cold:
+        yield hot, cold
+
+
+def test_the_patterns_through_a_real_server_find_no_corruption(servers, tmp_path):
+    """alternate-abandon, follow-up and media-ab over HTTP: hits, real disconnects, 0 corrupted, nothing leaked."""
+    hot, cold = servers
+    target = HttpTarget(hot.url, control_url=cold.url)
+    target.check()
+    assert target.byte_tokens and target.exact
+    with HistoryWriter(tmp_path / "history.jsonl") as writer:
+        for pattern, count in (("alternate-abandon", 8), ("follow-up", 6), ("media-ab", 4)):
+            run_ops(target, generate_ops(pattern, 3, count), writer)
+    events = read_history(tmp_path / "history.jsonl")
+    analysis = check_history(events)
+    assert analysis.valid is True and analysis.counts["corrupted"] == 0, analysis.anomalies
+    assert analysis.counts["hits"] >= 5 and analysis.counts["abandoned"] == 4
+    records = fold_history(events).records.values()
+    assert all(len(r.tokens) == r.invoke["abandon_after"] for r in records if r.abandoned)
+    assert any(r.invoke.get("continued_from") for r in records)
+    assert hot.wait_until_drained()["mini_engine_requests_aborted_total"] >= 4  # the server saw the disconnects
+    hot.assert_no_request_holds_anything()
+
+
+def test_hammer_run_against_the_server_exits_0(servers, tmp_path):
+    """`hammer run --target URL --control-url URL` judges the run clean and records the server in meta.json."""
+    hot, cold = servers
+    result = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "4", "--target", hot.url,
+                                       "--control-url", cold.url, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "last" / "meta.json").read_text())
+    assert meta["target"]["server"] == "mini-engine" and meta["target"]["control_url"] == cold.url
+    assert "verdict             CLEAN" in result.output and "unknown" not in result.output
