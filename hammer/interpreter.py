@@ -278,23 +278,27 @@ async def _stream_round(target: StreamingTarget, hammer: list[Op], controls: lis
                 await places.acquire()
                 group.create_task(_stream_one(target, op, round_, clock, places))
         for control in round_.controls(controls):
-            await _stream_one(target, control, round_, TickClock(), asyncio.Semaphore(1))
+            await _stream_one(target, control, round_, TickClock(), asyncio.Semaphore(0))
     except* TargetUnavailable as group_error:
         raise group_error.exceptions[0] from None
     finally:
         await target.aclose()
 
 
-async def _stream_one(target: StreamingTarget, op: Op, round_: Round, clock: TickClock,
-                      places: asyncio.Semaphore) -> None:
+def _stream_one(target: StreamingTarget, op: Op, round_: Round, clock: TickClock, places: asyncio.Semaphore) -> Any:
+    """Invoke ``op`` now (in arrival order, counted by the clock at once); the coroutine streams it."""
     stream, sent = round_.open(op)
-    try:
-        if sent is not None:
-            clock.started(op, stream)
-            await _follow(target.stream(sent), stream, clock)
-    finally:
-        places.release()
-        await clock.changed(op.request, ended=True)
+    clock.started(op, stream)
+
+    async def follow() -> None:
+        try:
+            if sent is not None:
+                await _follow(target.stream(sent), stream, clock)
+        finally:
+            places.release()
+            await clock.changed(op.request, ended=True)
+
+    return follow()
 
 
 async def _follow(updates: Any, stream: Stream, clock: TickClock) -> None:

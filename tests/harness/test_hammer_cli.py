@@ -78,3 +78,59 @@ def test_a_planted_writer_bug_exits_1_and_is_attributed(tmp_path):
     assert summary["counts"]["corrupted"] == summary["counts"]["corrupted_hits"] > 0
     assert set(summary["attribution"]) == {"bad-at-donate"}
     assert summary["hypotheses"]["poisoned-after-donate"] == "falsified"
+
+
+def test_probe_asks_each_probe_cold_then_as_a_hit(tmp_path):
+    """`hammer probe arithmetic`: every probe twice, the repeat a hit; clean exit; the source is named in meta."""
+    result = CliRunner().invoke(main, ["probe", "arithmetic", "--count", "4", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "last" / "summary.json").read_text())
+    assert summary["counts"]["hammer"] == 4 and summary["counts"]["hits"] >= 2
+    assert json.loads((tmp_path / "last" / "meta.json").read_text())["patterns"][0]["name"] == "probe:arithmetic"
+
+
+def test_run_takes_pattern_settings_and_replay_checks_one_request(tmp_path):
+    """--set abandon_after=2 reaches the pattern; replay --request reruns that request's round: identical."""
+    result = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "4", "--set", "abandon_after=2",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    run = RunDir.open(tmp_path / "last")
+    ends = [e for e in run.history() if e["type"] == "info"]
+    assert ends and all(e["tokens_received"] == 2 for e in ends)
+    replayed = CliRunner().invoke(main, ["replay", str(run.path), "--request", ends[0]["request"]])
+    assert replayed.exit_code == 0 and "every token identical" in replayed.output, replayed.output
+
+
+def test_replay_names_the_first_token_that_differs(clean_run, tmp_path):
+    """A stored history with one token changed: replay exits 1 naming the request and the position."""
+    out, _ = clean_run
+    run = RunDir.open(out / "last")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "meta.json").write_text((run.path / "meta.json").read_text())
+    lines = (run.path / "history.jsonl").read_text().splitlines()
+    target = next(i for i, line in enumerate(lines) if '"type":"token"' in line and '"position":1,' in line)
+    event = json.loads(lines[target])
+    event["token_id"] = (event["token_id"] + 1) % 256
+    lines[target] = json.dumps(event, separators=(",", ":"))
+    (copy / "history.jsonl").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(main, ["replay", str(copy)])
+    assert result.exit_code == 1 and f"request {event['request']}" in result.output
+    assert "first difference at token 1" in result.output
+
+
+@pytest.mark.parametrize("args, option", [
+    (["run", "alternate-abandon", "--header", "no-colon", "--target", "http://127.0.0.1:1"], "--header"),
+    (["run", "alternate-abandon", "--set", "no-equals"], "--set"),
+    (["run", "alternate-abandon", "--api-key", "k"], "--api-key"),
+    (["run", "alternate-abandon", "--target", "http://127.0.0.1:1", "--fault", "donate=transfer"], "--fault"),
+    (["run", "alternate-abandon", "--page-size", "3"], "--page-size"),
+    (["run", "alternate-abandon", "--target", "ftp://x"], "--target"),
+    (["run", "no-such-pattern"], "no-such-pattern"),
+    (["probe", "no-such-family"], "no-such-family"),
+    (["run", "saturate", "--set", "batchx=3"], "batchx"),
+])
+def test_bad_options_of_the_new_options_name_them(args, option):
+    """Each bad option or value is a usage error (exit 2) that names it."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and option in result.output, result.output
