@@ -251,6 +251,10 @@ def _execute(options, patterns, requests, duration, round_size, settings, resume
     except TargetUnavailable as err:
         click.echo(f"Error: --target {options['target']}: {err}", err=True)
         sys.exit(2)
+    except Exception as err:  # noqa: BLE001 -- a harness crash is exit 2, whatever it was; the run dir keeps the rest
+        click.echo(f"harness error: {type(err).__name__}: {err} (what was written so far stays in the run "
+                   "directory: `hammer analyze` it)", err=True)
+        sys.exit(2)
     _print_summary(summary)
     sys.exit(code)
 

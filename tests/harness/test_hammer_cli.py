@@ -134,3 +134,28 @@ def test_bad_options_of_the_new_options_name_them(args, option):
     """Each bad option or value is a usage error (exit 2) that names it."""
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and option in result.output, result.output
+
+
+def test_a_harness_crash_exits_2_and_keeps_the_run_directory(tmp_path, monkeypatch):
+    """An exception inside the run (a harness bug) is exit 2 with a message; the history written so far stays."""
+    import hammer.soak
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("interpreter bug")
+
+    monkeypatch.setattr(hammer.soak, "run_ops", crash)
+    result = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "harness error: RuntimeError: interpreter bug" in result.output
+    assert (tmp_path / "last" / "history.jsonl").exists()
+
+
+def test_progress_adds_up_rounds_and_is_off_without_a_terminal():
+    """Progress sums each round's counts into done / hits / corrupted / rate, and draws nothing off a TTY."""
+    from hammer.progress import Progress
+
+    with Progress(total=10) as progress:
+        assert progress.enabled is False  # CliRunner and pytest: stderr is no terminal
+        progress(1, {"hammer": 4, "hits": 2, "abandoned": 1, "corrupted": 0, "corrupted_hits": 0})
+        progress(2, {"hammer": 4, "hits": 3, "abandoned": 0, "corrupted": 1, "corrupted_hits": 1})
+    line = progress.line()
+    assert "round 2" in line and "done 8/10" in line and "hits 5" in line and "corrupted 1 (1 on hits)" in line

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hammer.patterns import CONTROL_ARM, HAMMER_ARM, PATTERNS, Op, generate_ops, hazard
 from hammer.patterns.chunk_boundary import boundary_lengths
 from mini_engine.model import ByteTokenizer
-from probes import Message
+from probes import Message, render_chat
 
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 
@@ -149,3 +149,29 @@ def test_unknown_pattern_names_the_known_ones():
     """Asking for a pattern that does not exist lists the ones that do."""
     with pytest.raises(ValueError, match="alternate-abandon"):
         generate_ops("hammer-time", 1, 1)
+
+
+def test_follow_up_turns_continue_the_previous_turn_of_their_conversation():
+    """Turn t > 0 continues turn t - 1 of its own conversation (also inside a mix); replies stop at U+FFFD."""
+    hammer = _hammer(generate_ops("follow-up", 4, 8, conversations=2, turns=4))
+    by_id = {op.request: op for op in hammer}
+    assert [op.continues is None for op in hammer] == [True, True, False, False, False, False, False, False]
+    assert all(by_id[op.continues].group == op.group and by_id[op.continues].at < op.at
+               for op in hammer if op.continues)
+    assert all(op.stop == ("\ufffd",) for op in hammer)
+    mixed = _hammer(generate_ops("mix", 4, 40, patterns=("follow-up", "alternate-abandon")))
+    ids = {op.request for op in mixed}
+    assert any(op.continues for op in mixed) and all(op.continues in ids for op in mixed if op.continues)
+
+
+def test_a_continued_op_begins_with_its_base_prompt_and_reply():
+    """op.continued(base, reply): completion text base + reply + own; chat adds the reply as an assistant turn."""
+    base = Op(request="a", pattern="p", prompt="Q1:", media=())
+    turn = Op(request="b", pattern="p", prompt=" Q2:", continues="a")
+    sent = turn.continued(base, " A1.")
+    assert sent.prompt == "Q1: A1. Q2:" and sent.continued_from == "a" and sent.continues is None
+    assert sent.key != turn.key
+    chat = Op(request="c", pattern="p", messages=(Message("user", "hi"),))
+    follow = Op(request="d", pattern="p", messages=(Message("user", "again"),), continues="c").continued(chat, "yo")
+    assert [m.role for m in follow.messages] == ["user", "assistant", "user"] and follow.messages[1].content == "yo"
+    assert follow.text == chat.text + "yo<|im_end|>\n" + render_chat([Message("user", "again")])
