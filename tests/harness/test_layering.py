@@ -32,3 +32,17 @@ def test_package_imports_nothing_above_or_beside_it(folder):
     assert files
     offenders = {str(f.relative_to(ROOT)): sorted(_imported_packages(f) & FORBIDDEN[folder]) for f in files}
     assert {f: bad for f, bad in offenders.items() if bad} == {}
+
+
+def test_only_the_hammer_cli_imports_reports():
+    """hammer below the CLI (targets, interpreter, soak, replay) imports neither reports nor, outside targets, the engine."""
+    hammer = ROOT / "hammer"
+    offenders = {}
+    for path in sorted(hammer.rglob("*.py")):
+        if path.name == "cli.py" and path.parent == hammer:
+            continue
+        forbidden = {"reports"} | (set() if path.parent.name == "targets" else {"mini_engine"})
+        bad = sorted(_imported_packages(path) & forbidden)
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}

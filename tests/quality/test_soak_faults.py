@@ -13,6 +13,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from forensics import RunDir
 from hammer.cli import main
 from probes import check_run
 
@@ -48,6 +49,8 @@ def test_transfer_under_overlap_corrupts_hits_only_and_the_reference_oracle_says
     assert all("reference" in row.fired for row in corrupted)
     assert not [row for row in analysis.rows if row.corrupted and not row.hit]
     assert {row.pattern for row in corrupted} == {"follow-up"}  # identical prompts never reach a finish donation
+    faults = [e for e in RunDir.open(run).history() if e["type"] == "fault"]
+    assert faults and {(e["name"], e["site"]) for e in faults} == {("donate=transfer", "donate")}
 
 
 def test_the_ledger_attributes_transfer_to_poisoning_after_donation(soaks):
