@@ -34,7 +34,25 @@ HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model",
               "timeout": "--timeout", "exact": "--exact/--inexact"}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The group, plus ``report / compare / plan`` from reports.cli, imported only when asked for
+    (they pull pandas, scipy and matplotlib; ``hammer soak --help`` should not wait for them)."""
+
+    REPORTS = ("compare", "plan", "report")
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.REPORTS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.REPORTS and name not in self.commands:
+            from reports.cli import COMMANDS
+
+            for command in COMMANDS:
+                self.add_command(command)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hammer")
 def main() -> None:
     """Hammer an inference engine's prefix cache and attribute every wrong answer on a hit.
@@ -93,6 +111,10 @@ def _settings(_ctx, _param, values: tuple[str, ...]) -> tuple[tuple[str, object]
     return tuple(sorted(settings.items()))
 
 
+REPORT_OPTION = click.option("--report/--no-report", default=True, show_default=True,
+                             help="Write RUN_DIR/report/ (report.md, report.html, plots, CSV, Parquet) at the end.")
+
+
 def run_options(command):
     """What every running command takes: the target, the seed, the output, engine and HTTP options, verdicts."""
     from mini_engine.faults import FAULTS
@@ -109,6 +131,7 @@ def run_options(command):
                      help="Corrupted-hit rate above which the exit code is 1."),
         click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Also write JUnit XML here."),
+        REPORT_OPTION,
         click.option("--fault", "faults", multiple=True, type=click.Choice(list(FAULTS)), metavar="NAME",
                      help=f"[embedded] Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}."),
         click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
@@ -180,7 +203,8 @@ def probe(family, count, **options):
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--max-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True)
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None)
-def analyze(run_dir, max_rate, junit):
+@REPORT_OPTION
+def analyze(run_dir, max_rate, junit, report):
     """Re-run the checkers and the attribution on a stored (possibly partial) run directory."""
     from hammer.soak import judge, write_junit
 
@@ -188,6 +212,8 @@ def analyze(run_dir, max_rate, junit):
     if junit:
         write_junit(analysis, junit)
     _print_summary(summary)
+    if report:
+        _write_report(run_dir)
     sys.exit(code)
 
 
@@ -256,7 +282,22 @@ def _execute(options, patterns, requests, duration, round_size, settings, resume
                    "directory: `hammer analyze` it)", err=True)
         sys.exit(2)
     _print_summary(summary)
+    if options["report"]:
+        _write_report(run_dir)
     sys.exit(code)
+
+
+def _write_report(run_dir: Path) -> None:
+    """RUN_DIR/report/: what ``hammer report RUN_DIR`` writes. A failure here loses no verdict (summary.json
+    is already written) and does not change the exit code; it is reported."""
+    from reports.render import write_run_report
+
+    try:
+        written = write_run_report([run_dir], Path(run_dir) / "report")
+    except Exception as err:  # noqa: BLE001 -- the verdicts stand without their report
+        click.echo(f"report not written: {type(err).__name__}: {err} (retry with `hammer report {run_dir}`)", err=True)
+        return
+    click.echo(f"report: {written.get('html', written.get('md'))}")
 
 
 def _print_summary(summary: dict) -> None:
@@ -280,3 +321,4 @@ def _print_summary(summary: dict) -> None:
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     click.echo(f"run directory: {summary['run']}")
+

@@ -48,7 +48,8 @@ def _formats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
 @click.option("--out", type=OutPath, default=None,
               help="Folder for the report (default: RUN_DIR/report/ for one run; required for several).")
 @click.option("--format", "formats", default=",".join(FORMATS), show_default=True, callback=_formats,
-              help="Comma-separated outputs: md (report.md), html (report.html), csv (requests.csv, rates.csv).")
+              help="Comma-separated outputs: md (report.md), html (report.html), csv (requests.csv, rates.csv), "
+                   "parquet (requests.parquet, rates.parquet).")
 @click.option("--confidence", type=Confidence, default=0.95, show_default=True, help="Interval confidence.")
 def report_command(run_dirs: tuple[Path, ...], out: Path | None, formats: tuple[str, ...],
                    confidence: float) -> None:

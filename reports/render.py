@@ -3,6 +3,7 @@
     OUT/
       report.md  report.html     the verdict first, then tables, plots, attribution, how to reproduce
       requests.csv  rates.csv    the per-request table and the grouped rates (format "csv")
+      requests.parquet  rates.parquet   the same, typed (format "parquet")
       *.png                      the plots (with "md" or "html"; report.html inlines them)
 
 Everything is a pure function of run directories: nothing here runs a model or a target.
@@ -30,7 +31,7 @@ from reports.tables import export, load_run, rates
 __all__ = ["FORMATS", "RATE_GROUPS", "compare_runs", "comparison_table", "p_value_table",
            "write_comparison_report", "write_run_report"]
 
-FORMATS = ("md", "html", "csv")
+FORMATS = ("md", "html", "csv", "parquet")
 RATE_GROUPS = ("faults", "pattern", "family", "hit")
 
 
@@ -116,9 +117,10 @@ def write_run_report(paths: Sequence[str | os.PathLike], out: str | os.PathLike,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
-    if "csv" in formats:
-        written["requests.csv"] = export(frame, out / "requests.csv")
-        written["rates.csv"] = export(rates(frame, by=RATE_GROUPS, confidence=confidence), out / "rates.csv")
+    tables = {"requests": frame, "rates": rates(frame, by=RATE_GROUPS, confidence=confidence)}
+    for suffix in {"csv", "parquet"} & set(formats):
+        for name, table in tables.items():
+            written[f"{name}.{suffix}"] = export(table, out / f"{name}.{suffix}")
     if {"md", "html"} & set(formats):
         images = _plots(frame, out, confidence)
         written.update({image.path.name: image.path for image in images})

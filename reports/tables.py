@@ -10,6 +10,7 @@ function of files: nothing here runs a model or a target.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -105,8 +106,23 @@ def rates(frame: pd.DataFrame, by: Sequence[str] = ("faults", "pattern", "hit"),
 
 
 def export(frame: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Write ``frame`` as CSV (list and dict columns as their JSON-ish text); returns the path."""
+    """Write ``frame`` by the path's suffix: ``.csv``, or ``.parquet`` (typed columns; list and dict
+    cells become JSON text so every column has one Arrow type). Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False)
+    if path.suffix == ".parquet":
+        _json_cells(frame).to_parquet(path, index=False)
+    elif path.suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        raise ValueError(f"export writes .csv or .parquet; got {path.name!r}")
     return path
+
+
+def _json_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``frame`` whose object columns holding lists, tuples or dicts are JSON strings."""
+    out = frame.copy()
+    for column in out.columns[out.dtypes == object]:
+        if out[column].map(lambda v: isinstance(v, (list, tuple, dict))).any():
+            out[column] = out[column].map(lambda v: v if v is None else json.dumps(v, sort_keys=True, default=str))
+    return out

@@ -28,6 +28,10 @@ def test_clean_soak_exits_0_with_summary_junit_and_attribution(clean_run):
     assert summary["counts"]["hits"] > 0 and summary["counts"]["abandoned"] > 0 and summary["corrupted"] == []
     assert 'failures="0"' in (out / "junit.xml").read_text()
     assert json.loads((out / "last" / "attribution.json").read_text())["verdicts"] == []
+    report = out / "last" / "report"
+    assert f"report: {report.resolve() / 'report.html'}" in result.output or f"report: {report / 'report.html'}" in result.output
+    assert {"report.md", "report.html", "requests.parquet", "rates.csv"} <= {p.name for p in report.iterdir()}
+    assert (report / "report.md").read_text().splitlines()[2].startswith("**CLEAN")
 
 
 def test_replay_reproduces_every_token_and_analyze_rejudges(clean_run):
@@ -78,6 +82,19 @@ def test_a_planted_writer_bug_exits_1_and_is_attributed(tmp_path):
     assert summary["counts"]["corrupted"] == summary["counts"]["corrupted_hits"] > 0
     assert set(summary["attribution"]) == {"bad-at-donate"}
     assert summary["hypotheses"]["poisoned-after-donate"] == "falsified"
+    assert "bad-at-donate" in (tmp_path / "last" / "report" / "report.md").read_text()
+
+
+def test_report_compare_and_plan_are_hammer_commands(clean_run, tmp_path):
+    """The reports commands are mounted: `hammer plan` prints the rule-of-three count, `hammer compare` of a
+    clean run against itself is "not shown fixed" (exit 1), and --no-report leaves no report folder."""
+    out, _ = clean_run
+    planned = CliRunner().invoke(main, ["plan", "--base-rate", "0.1"])
+    assert planned.exit_code == 0 and "clean trials to claim a fix: 29" in planned.output
+    compared = CliRunner().invoke(main, ["compare", str(out / "last"), str(out / "last"), "--out", str(tmp_path / "c")])
+    assert compared.exit_code == 1 and "verdict: not shown fixed" in compared.output
+    bare = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "2", "--no-report", "--out", str(tmp_path)])
+    assert bare.exit_code == 0 and not (tmp_path / "last" / "report").exists()
 
 
 def test_probe_asks_each_probe_cold_then_as_a_hit(tmp_path):

@@ -63,3 +63,20 @@ def test_an_empty_history_gives_empty_tables(tmp_path):
     assert rates(load_run(run.path)).empty
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         load_run(tmp_path / "missing")
+
+
+def test_parquet_export_round_trips_typed_columns(tmp_path):
+    """The per-request table survives Parquet: same rows and columns, numbers and booleans stay typed,
+    list cells (the oracles that fired) come back as JSON text; an unknown suffix is refused."""
+    import json
+
+    import pandas as pd
+
+    frame = load_run(stored_run(tmp_path, corrupt=lambda op, hit: hit))
+    back = pd.read_parquet(export(frame, tmp_path / "requests.parquet"))
+    assert list(back.columns) == list(frame.columns) and len(back) == len(frame)
+    assert back["corrupted"].dtype == bool and back["corrupted"].sum() == frame["corrupted"].sum() > 0
+    fired = back.loc[back["corrupted"], "fired"].map(json.loads)
+    assert fired.map(len).min() >= 1
+    with pytest.raises(ValueError, match=r"\.csv or \.parquet"):
+        export(frame, tmp_path / "requests.xlsx")
