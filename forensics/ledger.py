@@ -96,7 +96,16 @@ def attribute_streams(rows: Iterable[Mapping[str, Any]], corrupted: Sequence[str
                 home.setdefault(row["rid"], key)
     parts = [attribute(by_stream.get(home.get(rid), ()), [rid], echo_failed=echo & {rid}) for rid in corrupted]
     return Attribution(tuple(v for part in parts for v in part.verdicts), _merge_hypotheses(parts),
-                       tuple(w for part in parts for w in part.windows))
+                       _merge_windows(parts))
+
+
+def _merge_windows(parts: Sequence[Attribution]) -> tuple[dict[str, Any], ...]:
+    """One row per sticky window, however many failures (attributed one by one) restored from it."""
+    merged: dict[str, list[str]] = {}
+    for part in parts:
+        for window in part.windows:
+            merged.setdefault(window["window"], []).extend(window["requests"])
+    return tuple({"window": w, "failures": len(r), "requests": r} for w, r in merged.items())
 
 
 def _merge_hypotheses(parts: Sequence[Attribution]) -> tuple[dict[str, Any], ...]:

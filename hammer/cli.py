@@ -236,6 +236,59 @@ def replay(run_dir, request):
     sys.exit(1)
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the case goes (default RUN_DIR/shrunk).")
+@click.option("--verdict", default=None, metavar="VERDICT", help="Shrink the first failure with this verdict.")
+@click.option("--max-trials", type=click.IntRange(min=1), default=300, show_default=True,
+              help="Candidate schedules to run at most.")
+@click.option("--budget", callback=_duration, default="10m", show_default=True, help="Time to search at most.")
+def shrink(run_dir, out, verdict, max_trials, budget):
+    """Delta-debug an embedded run's failing round to a minimal schedule that fails the same way.
+
+    Writes case.json, a runnable pytest file (it fails while the bug is there) and the case's own run
+    directory."""
+    from hammer.shrink import shrink_run, write_case
+
+    try:
+        result = shrink_run(run_dir, verdict=verdict, max_trials=max_trials, budget=budget,
+                            log=lambda line: click.echo(f"  {line}", err=True))
+    except (ValueError, FileNotFoundError) as err:
+        raise click.UsageError(str(err)) from None
+    written = write_case(result, out or Path(run_dir) / "shrunk")
+    click.echo(f"shrunk {result.original} -> {len(result.case.ops)} request(s) failing with {result.case.verdict} "
+               f"in {result.trials} trials ({result.seconds:.0f} s)")
+    for step in result.steps:
+        click.echo(f"  {step}")
+    for name in ("test", "case", "run"):
+        click.echo(f"{name}: {written[name]}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--max-rows", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Ledger rows per slot life story.")
+@REPORT_OPTION
+def postmortem(run_dir, max_rows, report):
+    """Attribution, hypotheses, sticky-window timelines and slot life stories of a run, as text.
+
+    Writes RUN_DIR/postmortem.txt and postmortem.json; the run is analysed again first (as by
+    `hammer analyze`), so the post-mortem and summary.json always agree."""
+    from forensics.postmortem import write_postmortem
+    from hammer.soak import judge
+
+    try:
+        analysis, _, _ = judge(run_dir)
+        fired = {row.request: row.fired for row in analysis.corrupted}
+        text, _ = write_postmortem(run_dir, fired=fired, max_rows=max_rows)
+    except (ValueError, FileNotFoundError) as err:
+        raise click.UsageError(str(err)) from None
+    click.echo(text, nl=False)
+    if report:
+        _write_report(run_dir)
+
+
 def _split_options(options: dict) -> tuple[dict, dict]:
     """(engine options, HTTP options) for the chosen target; an option of the other target is an error."""
     ctx = click.get_current_context()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics import RunDir, RunMeta
+from hammer.patterns import Op
 from hammer.soak import SoakPlan, judge, next_round, run_soak, write_junit
 from hammer.targets import Target, make_target
 
@@ -35,7 +36,8 @@ def plan_of(meta: RunMeta) -> SoakPlan:
     return SoakPlan(tuple(p["name"] for p in meta.patterns), int(meta.seeds["pattern"]),
                     round_size=int(extra["round_size"]), requests=extra.get("requests"),
                     duration=extra.get("duration"), settings=tuple(sorted(settings.items())),
-                    concurrency=extra.get("concurrency"))
+                    concurrency=extra.get("concurrency"),
+                    schedule=tuple(Op.from_invoke(op) for op in extra.get("schedule") or ()))
 
 
 def target_of(meta: RunMeta, *, http: Mapping[str, Any] | None = None) -> Target:
@@ -53,7 +55,8 @@ def _meta(target: Target, plan: SoakPlan, command: tuple[str, ...]) -> RunMeta:
     return RunMeta(target=target.describe(), patterns=tuple({"name": p, "settings": settings} for p in plan.patterns),
                    seeds=seeds, engine=engine, faults=target.faults, command=command,
                    extra={"round_size": plan.round_size, "requests": plan.requests, "duration": plan.duration,
-                          "concurrency": plan.concurrency, "controls": target.controls})
+                          "concurrency": plan.concurrency, "controls": target.controls,
+                          **({"schedule": [op.as_record() for op in plan.schedule]} if plan.schedule else {})})
 
 
 def execute(*, target: str, plan: SoakPlan | None, out: Path, engine: Mapping[str, Any] | None = None,

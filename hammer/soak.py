@@ -28,14 +28,16 @@ from xml.sax.saxutils import escape, quoteattr
 from forensics import RunDir
 from forensics.ledger import attribute_streams
 from hammer.interpreter import run_ops
+from hammer.patterns import Op, with_controls
 from hammer.probing import source_ops
 from hammer.targets import Target
 from probes import Analysis, check_history, check_run
 from probes.seeding import stable_seed
 
-__all__ = ["SoakPlan", "judge", "next_round", "round_ops", "run_soak", "write_junit"]
+__all__ = ["SCHEDULE", "SoakPlan", "judge", "next_round", "round_ops", "run_soak", "write_junit"]
 
 EXIT_CLEAN, EXIT_CORRUPTED, EXIT_HARNESS = 0, 1, 2
+SCHEDULE = "schedule"  # the pattern name of a plan that runs fixed ops (SoakPlan.schedule)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,13 @@ class SoakPlan:
     duration: float | None = None  # or after this many seconds
     settings: tuple[tuple[str, Any], ...] = ()  # pattern settings (--set), given to every pattern of the plan
     concurrency: int | None = None  # most requests open at once (the interpreter's limit; replay needs it)
+    schedule: tuple[Op, ...] = ()  # fixed hammer ops instead of patterns (a shrunk case): one round of them
 
     def __post_init__(self) -> None:
+        if self.schedule:
+            if self.patterns != (SCHEDULE,):
+                raise ValueError(f"a plan with a fixed schedule has the one pattern {SCHEDULE!r}")
+            return
         if not self.patterns:
             raise ValueError("a soak needs at least one pattern")
         if self.requests is None and self.duration is None:
@@ -64,6 +71,8 @@ class SoakPlan:
 
 def round_ops(plan: SoakPlan, index: int):
     """The ops of round ``index``: a pure function of the plan (what replay re-generates)."""
+    if plan.schedule:
+        return SCHEDULE, with_controls(plan.schedule, SCHEDULE)
     pattern = plan.patterns[index % len(plan.patterns)]
     seed = stable_seed(plan.seed, index) % 2**31
     ops = source_ops(pattern, seed, plan.round_size, **dict(plan.settings))

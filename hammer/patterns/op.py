@@ -150,6 +150,10 @@ class Op:
                   "stop": list(self.stop) or None, "continues": self.continues, "continued_from": self.continued_from}
         return {name: value for name, value in fields.items() if value is not None}
 
+    def as_record(self) -> dict[str, Any]:
+        """This op as JSON (its invoke fields and id); ``from_invoke`` reads it back."""
+        return {"request": self.request, **self.invoke_fields()}
+
     @classmethod
     def from_invoke(cls, event: Mapping[str, Any]) -> Op:
         """Rebuild the op a history's invoke event recorded (for replay)."""
