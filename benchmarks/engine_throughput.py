@@ -1,6 +1,8 @@
 """Embedded engine throughput on CPU: the same hit-heavy workload under several engine modes, one process.
 
-Workload: 48 requests over 6 shared 130-token prefixes plus 1-40 private tokens, 8 generated tokens
+Modes: donation copy vs transfer, overlap, the cache off, and the slot ledger on (an instrumentation
+sink: every slot event with the checksum of the bytes it wrote or read; "+ refs" adds the cold
+reference state of every donated prefix, which attribution uses). Workload: 48 requests over 6 shared 130-token prefixes plus 1-40 private tokens, 8 generated tokens
 each, arriving 2 per step. Prints a table (requests/s, generated tokens/s, hit rate) and writes JSON.
 Each mode runs ``--repeats`` times after one discarded warm-up run; the median is reported with the
 spread (max/min - 1). Usage: ``python benchmarks/engine_throughput.py [--repeats N] [--out FILE]``.
@@ -17,11 +19,14 @@ import time
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 from mini_engine.model import build_builtin
 
+LEDGER = "ledger"  # not an engine option: run with an instrumentation sink (every slot event + its checksum)
 MODES = {
     "copy, no overlap": dict(),
     "copy, overlap": dict(overlap=True),
     "transfer, no overlap": dict(donate_policy="transfer"),
     "cache off": dict(enable_cache=False),
+    "copy, ledger": {LEDGER: True},
+    "copy, ledger + refs": {LEDGER: True, "reference_states": True},
 }
 
 
@@ -33,7 +38,9 @@ def workload(seed: int = 0):
 
 
 def run(model, options: dict) -> dict:
-    engine = Engine(EngineConfig(**options), model=model)
+    options = dict(options)
+    rows = [] if options.pop(LEDGER, False) else None
+    engine = Engine(EngineConfig(**options), model=model, sink=None if rows is None else rows.append)
     requests = workload()
     started = time.perf_counter()
     ids = [engine.submit(p, SamplingParams(max_tokens=8), at_step=step) for p, step in requests]
@@ -42,7 +49,8 @@ def run(model, options: dict) -> dict:
     results = [engine.result(r) for r in ids]
     generated = sum(len(r.output_ids) for r in results)
     return {"seconds": elapsed, "requests": len(ids), "generated": generated,
-            "hit_rate": sum(r.cached_tokens > 0 for r in results) / len(ids), "steps": engine.steps}
+            "hit_rate": sum(r.cached_tokens > 0 for r in results) / len(ids), "steps": engine.steps,
+            "ledger_rows": None if rows is None else len(rows)}
 
 
 def main() -> None:
@@ -60,9 +68,9 @@ def main() -> None:
                       "spread": max(r["seconds"] for r in runs) / min(r["seconds"] for r in runs) - 1}
                for name, runs in rows.items()}
     base = summary["copy, no overlap"]["seconds"]
-    print(f"{'mode':<22}{'req/s':>8}{'tok/s':>8}{'hits':>7}{'steps':>7}{'time vs copy':>14}{'spread':>8}")
+    print(f"{'mode':<24}{'req/s':>8}{'tok/s':>8}{'hits':>7}{'steps':>7}{'time vs copy':>14}{'spread':>8}")
     for name, r in summary.items():
-        print(f"{name:<22}{r['requests'] / r['seconds']:>8.1f}{r['generated'] / r['seconds']:>8.1f}"
+        print(f"{name:<24}{r['requests'] / r['seconds']:>8.1f}{r['generated'] / r['seconds']:>8.1f}"
               f"{r['hit_rate']:>7.0%}{r['steps']:>7}{r['seconds'] / base:>14.2f}{r['spread']:>8.1%}")
     rows = {"runs": rows, "summary": summary}
     with open(args.out, "w") as handle:

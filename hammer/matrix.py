@@ -1,0 +1,108 @@
+"""The fault matrix: every fault of the catalogue (and the clean engine) against the patterns that expose it.
+
+A cell is one soak against the embedded engine: one fault (or none), the patterns that should
+expose it, the engine options that make its hazard reachable, and the verdict attribution must
+give its corrupted hits. ``run_matrix`` runs the cells one after another, each into its own run
+directory, and writes ``matrix.json`` (the cells, their run directories, their wall time); the
+table (detection, first detection, time to 99% detection, rates with intervals, attribution) is
+computed from those run directories by ``reports.matrix``, like every other report.
+
+Why each cell's setting (DESIGN.md §4 gives the signatures):
+
+    donate=transfer        follow-up turns restore the live slot donated at finish; 1-token pages
+                           make every early stop page-aligned, overlap keeps a decode in flight
+    admission_barrier=off  overlap (two streams) is where a restore can overtake the donation clone
+    track_writer=off       any hit past a 64-token boundary restores a snapshot nobody wrote
+    metadata_fence=off     overlap again: a decode reads page mappings whose upload has not landed
+    page_cow=off           n > 1 sampled choices fork with a shared partial page
+    evict_locked=on        two running requests and six slots: a hit's snapshot is evicted under it
+    media_key=off          media A/B alternation over the same text
+    clean                  every pattern, overlap on, every safeguard on: must find nothing
+
+``EXTRA_FAULTS`` are safeguard removals outside the catalogue, run with ``--faults`` to check that the
+patterns catch bugs nobody planted the harness for.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hammer.runs import EMBEDDED, execute
+from hammer.soak import SoakPlan
+
+__all__ = ["CELLS", "CLEAN", "Cell", "run_matrix"]
+
+CLEAN = "clean"
+ALL_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
+                "media-ab")
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    faults: tuple[str, ...]
+    patterns: tuple[str, ...]
+    expected: str | None  # the attribution verdict its corrupted hits must get (None: the clean cell)
+    engine: Mapping[str, Any] = field(default_factory=dict)
+    round_size: int = 8
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "faults": list(self.faults), "patterns": list(self.patterns),
+                "expected": self.expected, "engine": dict(self.engine), "round_size": self.round_size}
+
+
+_OVERLAP = {"overlap": True}
+CELLS: dict[str, Cell] = {cell.name: cell for cell in (
+    Cell("donate=transfer", ("donate=transfer",), ("follow-up",), "poisoned-after-donate",
+         {"overlap": True, "page_size": 1, "num_pages": 8192}),
+    Cell("admission_barrier=off", ("admission_barrier=off",), ("saturate",), "restore-raced", _OVERLAP),
+    Cell("track_writer=off", ("track_writer=off",), ("alternate-abandon",), "bad-at-donate"),
+    Cell("metadata_fence=off", ("metadata_fence=off",), ("saturate",), "stale-metadata", _OVERLAP),
+    Cell("page_cow=off", ("page_cow=off",), ("branch-fanout",), "cow-violation"),
+    Cell("evict_locked=on", ("evict_locked=on",), ("saturate",), "evicted-under-lock",
+         {"max_running": 2, "num_slots": 6}),
+    Cell("media_key=off", ("media_key=off",), ("media-ab",), "key-or-payload"),
+    Cell(CLEAN, (), ALL_PATTERNS, None, _OVERLAP),
+)}
+
+
+def select(names: Iterable[str] | None) -> list[Cell]:
+    """The cells named (all when None); ValueError naming the unknown ones."""
+    if not names:
+        return list(CELLS.values())
+    unknown = [n for n in names if n not in CELLS]
+    if unknown:
+        raise ValueError(f"unknown matrix cell(s) {', '.join(unknown)}; known: {', '.join(CELLS)}")
+    return [CELLS[n] for n in names]
+
+
+def run_matrix(cells: Iterable[Cell], out: str | Path, *, seed: int = 0, budget: float | None = None,
+               requests: int | None = None, echo: Callable[[str], None] = print) -> Path:
+    """Run each cell (bounded by ``budget`` seconds or ``requests`` hammer requests) into
+    ``out``/<cell>/; returns the path of ``out``/matrix.json."""
+    if (budget is None) == (requests is None):
+        raise ValueError("bound every cell by a time budget or by a request count (exactly one)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"seed": seed, "budget_s": budget, "requests": requests, "cells": []}
+    path = out / "matrix.json"
+    for cell in cells:
+        plan = SoakPlan(cell.patterns, seed, round_size=cell.round_size, requests=requests, duration=budget)
+        started = time.monotonic()
+        run_dir, code, _ = execute(target=EMBEDDED, plan=plan, out=out / _folder(cell.name),
+                                   engine={**cell.engine, "faults": cell.faults},
+                                   command=("hammer", "faults", "--faults", cell.name), echo=lambda _line: None)
+        seconds = time.monotonic() - started
+        record["cells"].append({**cell.as_dict(), "run": str(run_dir), "exit_code": code, "seconds": round(seconds, 2)})
+        path.write_text(json.dumps(record, indent=2) + "\n")  # after every cell: a killed matrix keeps its cells
+        echo(f"  {cell.name}: {seconds:.1f} s -> {run_dir}")
+    return path
+
+
+def _folder(name: str) -> str:
+    return name.replace("=", "-")
