@@ -11,11 +11,15 @@ Why each cell's setting (DESIGN.md §4 gives the signatures):
 
     donate=transfer        follow-up turns restore the live slot donated at finish; 1-token pages
                            make every early stop page-aligned, overlap keeps a decode in flight
-    admission_barrier=off  overlap (two streams) is where a restore can overtake the donation clone
+    admission_barrier=off  hits one step after a fresh donation: a restore can overtake the donation
+                           clone (a race of the device's scheduling, so many small rounds = many
+                           device seeds)
     track_writer=off       any hit past a 64-token boundary restores a snapshot nobody wrote
-    metadata_fence=off     overlap again: a decode reads page mappings whose upload has not landed
-    page_cow=off           n > 1 sampled choices fork with a shared partial page
-    evict_locked=on        two running requests and six slots: a hit's snapshot is evicted under it
+    metadata_fence=off     media A/B keeps changing the decode page tables: a decode reads a table
+                           whose upload has not landed
+    page_cow=off           every fan-out request samples n = 2 choices that share a partial page
+    evict_locked=on        two running requests and six slots: a late hit and a newcomer admitted
+                           together, the newcomer's eviction takes the hit's locked snapshot
     media_key=off          media A/B alternation over the same text
     clean                  every pattern, overlap on, every safeguard on: must find nothing
 
@@ -39,7 +43,7 @@ __all__ = ["CELLS", "CLEAN", "Cell", "run_matrix"]
 
 CLEAN = "clean"
 ALL_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
-                "media-ab")
+                "media-ab", "donate-hit")
 
 
 @dataclass(frozen=True)
@@ -49,25 +53,29 @@ class Cell:
     patterns: tuple[str, ...]
     expected: str | None  # the attribution verdict its corrupted hits must get (None: the clean cell)
     engine: Mapping[str, Any] = field(default_factory=dict)
-    round_size: int = 8
+    settings: tuple[tuple[str, Any], ...] = ()  # pattern settings (as --set KEY=VALUE)
+    round_size: int = 8  # small rounds: every round is a fresh engine with the next device seed
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "faults": list(self.faults), "patterns": list(self.patterns),
-                "expected": self.expected, "engine": dict(self.engine), "round_size": self.round_size}
+                "expected": self.expected, "engine": dict(self.engine), "settings": dict(self.settings),
+                "round_size": self.round_size}
 
 
 _OVERLAP = {"overlap": True}
+_PRESSURE = {"max_running": 2, "num_slots": 6}
 CELLS: dict[str, Cell] = {cell.name: cell for cell in (
     Cell("donate=transfer", ("donate=transfer",), ("follow-up",), "poisoned-after-donate",
          {"overlap": True, "page_size": 1, "num_pages": 8192}),
-    Cell("admission_barrier=off", ("admission_barrier=off",), ("saturate",), "restore-raced", _OVERLAP),
+    Cell("admission_barrier=off", ("admission_barrier=off",), ("donate-hit",), "restore-raced",
+         settings=(("gap", 8), ("hits", 4), ("settle", 6)), round_size=6),
     Cell("track_writer=off", ("track_writer=off",), ("alternate-abandon",), "bad-at-donate"),
-    Cell("metadata_fence=off", ("metadata_fence=off",), ("saturate",), "stale-metadata", _OVERLAP),
-    Cell("page_cow=off", ("page_cow=off",), ("branch-fanout",), "cow-violation"),
-    Cell("evict_locked=on", ("evict_locked=on",), ("saturate",), "evicted-under-lock",
-         {"max_running": 2, "num_slots": 6}),
+    Cell("metadata_fence=off", ("metadata_fence=off",), ("media-ab",), "stale-metadata"),
+    Cell("page_cow=off", ("page_cow=off",), ("branch-fanout",), "cow-violation", settings=(("sampled", 1.0),)),
+    Cell("evict_locked=on", ("evict_locked=on",), ("donate-hit",), "evicted-under-lock", _PRESSURE,
+         settings=(("hits", 0),), round_size=6),
     Cell("media_key=off", ("media_key=off",), ("media-ab",), "key-or-payload"),
-    Cell(CLEAN, (), ALL_PATTERNS, None, _OVERLAP),
+    Cell(CLEAN, (), ALL_PATTERNS, None, _OVERLAP, round_size=4),
 )}
 
 
@@ -92,7 +100,8 @@ def run_matrix(cells: Iterable[Cell], out: str | Path, *, seed: int = 0, budget:
     record: dict[str, Any] = {"seed": seed, "budget_s": budget, "requests": requests, "cells": []}
     path = out / "matrix.json"
     for cell in cells:
-        plan = SoakPlan(cell.patterns, seed, round_size=cell.round_size, requests=requests, duration=budget)
+        plan = SoakPlan(cell.patterns, seed, round_size=cell.round_size, requests=requests, duration=budget,
+                        settings=cell.settings)
         started = time.monotonic()
         run_dir, code, _ = execute(target=EMBEDDED, plan=plan, out=out / _folder(cell.name),
                                    engine={**cell.engine, "faults": cell.faults},

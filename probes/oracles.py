@@ -1,7 +1,8 @@
 """Oracles: pure functions ``oracle(record, context) -> Check`` over folded history records.
 
 Strongest first (DESIGN.md §5): *reference* (a hammered request must be token-identical to the
-same request run cold and alone), *ground truth* (the extracted answer equals the expected one),
+same request run cold and alone; on an exact engine that reports a ``logits_digest``, the logits
+every token was sampled from must be bit-identical too), *ground truth* (the extracted answer equals the expected one),
 *content forensics* (empty, special-token leak, garbage, runaway repetition) and *echo* (the
 forensic fields the engine returned match what was sent).
 
@@ -9,7 +10,7 @@ Ground truth and content count as corruption only where the cold control does *n
 thing: a control that is wrong too means the model is wrong (``model-wrong``), not the cache.
 Oracles see only completed (``ok``) records; ``probes.verdicts`` handles the rest.
 
-Check labels: ``ok`` / ``n/a`` (valid), ``mismatch`` / ``wrong`` / ``found`` (invalid; corruption
+Check labels: ``ok`` / ``n/a`` (valid), ``mismatch`` / ``logits-mismatch`` / ``wrong`` / ``found`` (invalid; corruption
 when counted), ``model-wrong`` (invalid, not corruption), ``no-control`` / ``error`` (unknown).
 """
 
@@ -89,7 +90,7 @@ def reference(record: RequestRecord, ctx: Context) -> Check:
     if ours is None or theirs is None:
         ours, theirs = record.text, control.text
     if ours == theirs:
-        return OK
+        return _same_logits(record, control, ctx)
     first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
     details = {"control": control.request, "first_difference": first, "compared": "token_ids"
                if isinstance(ours, tuple) else "text", "output": record.text[:PREVIEW],
@@ -97,6 +98,17 @@ def reference(record: RequestRecord, ctx: Context) -> Check:
     if not ctx.exact:
         details["note"] = "inexact engine: the difference is reported, not counted as corruption"
     return Check(False, "mismatch", corruption=ctx.exact, details=details)
+
+
+def _same_logits(record: RequestRecord, control: RequestRecord, ctx: Context) -> Check:
+    """Same tokens: on an exact engine that reports ``logits_digest`` for both, the logits must be
+    bit-identical too. A difference is a corrupted state that has not changed a token yet."""
+    ours, theirs = ((r.end.get("forensic") or {}).get("logits_digest") for r in (record, control))
+    if ours is None or theirs is None or ours == theirs or not ctx.exact:
+        return OK
+    return Check(False, "logits-mismatch", corruption=True,
+                 details={"control": control.request, "logits_digest": ours, "control_logits_digest": theirs,
+                          "note": "same tokens as the cold control, sampled from different logits"})
 
 
 def ground_truth(record: RequestRecord, ctx: Context) -> Check:

@@ -115,6 +115,8 @@ def _completion(choice: int, result: Any) -> Completion:
                 "restored_slot": result.restored_slot, "cached_tokens": result.cached_tokens}
     if result.media_digest is not None:
         forensic["media_digest"] = result.media_digest
+    if result.logits_digest is not None:
+        forensic["logits_digest"] = result.logits_digest
     usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.output_ids)}
     return Completion(choice, result.text, tuple(result.output_ids), result.finish_reason, result.cached_tokens,
                       usage, forensic)

@@ -60,6 +60,9 @@ class RequestResult:
     restored_slot: int | None
     text: str  # the output decoded, cut before the first stop string
     media_digest: str | None = None  # digest of the media the request carried (None: no media)
+    # digest of the exact logits every output token was sampled from (instrumented engines only): a
+    # hit whose state was corrupted differs from its cold run here even when no token changed yet
+    logits_digest: str | None = None
 
 
 class Engine:
@@ -220,8 +223,11 @@ class Engine:
     def result(self, rid: str) -> RequestResult:
         r = self.requests[rid]
         key = prefix_digest(r.extra_key, r.prompt)
+        logits = None
+        if self.events.enabled:
+            logits = hashlib.blake2b(b"".join(c.to_bytes(8, "little") for c in r.logit_checks), digest_size=8).hexdigest()
         return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key,
-                             r.restore_slot, self._text(r)[0], r.media_digest)
+                             r.restore_slot, self._text(r)[0], r.media_digest, logits)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()
@@ -247,7 +253,7 @@ class Engine:
 
     def _process(self, batch: Batch) -> None:
         sampled = self.runner.results(batch)
-        for item, token in zip(batch.items, sampled):
+        for item, (token, check) in zip(batch.items, sampled):
             request = item.request
             request.in_flight -= 1
             if request.done:
@@ -255,6 +261,7 @@ class Engine:
             if item.track is not None:
                 self.cache.commit(request, item.track)
             if item.sample:
+                request.logit_checks.append(check)
                 self._accept(request, token)
 
     def _text(self, request: Request) -> tuple[str, bool]:

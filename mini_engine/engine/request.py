@@ -62,6 +62,7 @@ class Request:
     media_digest: str | None = None
     status: Status = Status.QUEUED
     outputs: list[int] = field(default_factory=list)
+    logit_checks: list[int] = field(default_factory=list)  # per output token (runner.results)
     finish_reason: str | None = None
     # cache bookkeeping (host side)
     match_node: RadixNode | None = None

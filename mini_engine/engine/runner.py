@@ -42,7 +42,7 @@ class BatchItem:
 class Batch:
     index: int
     items: list[BatchItem]
-    sampled: torch.Tensor  # device [len(items)] long, valid where item.sample
+    sampled: torch.Tensor  # device [len(items), 2] long where item.sample: the token, the logits' check
     host_sampled: torch.Tensor  # host copy of ``sampled``, landed once ``done`` is complete
     done: Event
     metadata_buffer: int = 0
@@ -60,10 +60,13 @@ class ModelRunner:
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
         self._batches = 0
 
-    def results(self, batch: Batch) -> list[int]:
-        """Block until ``batch`` has run and return its sampled tokens (batches launched later may still be queued)."""
+    def results(self, batch: Batch) -> list[tuple[int, int]]:
+        """Block until ``batch`` has run and return (sampled token, logits check) per item (batches launched
+        later may still be queued). The check is a 63-bit checksum of the exact logits the token was
+        sampled from when the engine is instrumented, else 0: two runs that sampled from different
+        logits differ there even when the token came out the same."""
         self.device.wait_host(batch.done)
-        return batch.host_sampled.tolist()
+        return [tuple(row) for row in batch.host_sampled.tolist()]
 
     def launch(self, items: list[BatchItem]) -> Batch:
         """Queue the forward of ``items`` on the compute stream; returns once the op is queued."""
@@ -71,8 +74,8 @@ class ModelRunner:
         buffer = self._batches % self.metadata.n_buffers
         shards = self.metadata.prepare(buffer, self._decode_table(items)).shards
         pinned = self.device.torch_device.type == "cuda"
-        batch = Batch(self._batches, items, self.device.zeros(len(items), dtype=torch.long),
-                      torch.zeros(len(items), dtype=torch.long, pin_memory=pinned), Event(0), buffer)
+        batch = Batch(self._batches, items, self.device.zeros((len(items), 2), dtype=torch.long),
+                      torch.zeros((len(items), 2), dtype=torch.long, pin_memory=pinned), Event(0), buffer)
         slots = [it.live_slot for it in items] + [it.track.slot for it in items if it.track is not None]
         self.fences.before(self.stream, slots)
         if not self.track_writer:
@@ -114,7 +117,9 @@ class ModelRunner:
                 self._write_snapshot(it.track.slot, out.snapshots[-1])
             if it.sample:
                 token = self._sample(out.logits[-1], it.request, it.start + it.length)
-                batch.sampled[i] = token
+                batch.sampled[i, 0] = token
+                if self.events.enabled:
+                    batch.sampled[i, 1] = slot_checksum(out.logits[-1]) & _CHECK_MASK
                 self.states.next_token[it.live_slot] = token
             if self.events.enabled:
                 self._report_writes(batch.index, it, wrote_track, pages[i])
@@ -153,6 +158,9 @@ class ModelRunner:
         probs = probs / probs.sum()
         gen = torch.Generator().manual_seed(params.seed * 1_000_003 + position)
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+_CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor element
 
 
 def _media_rows(item: BatchItem) -> MediaRows | None:
