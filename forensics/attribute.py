@@ -7,10 +7,13 @@ belief. For a corrupted request the decision list is::
     no restore (a fork, or a cold request)?            -> skip the state path
     restored slot freed and reused since donation?     -> evicted-under-lock
     restore ran before the donation's clone landed?    -> restore-raced
+    restored slot != the bytes the restore read?       -> restore-incomplete (the copy itself dropped state)
     restored bytes != donated bytes?                   -> poisoned-after-donate (late write / alias)
     donated bytes != the prefix's cold reference?      -> bad-at-donate (writer bug)
     a decode step read page mappings != staged?        -> stale-metadata
     a page shared with another request written?        -> cow-violation
+    another request's decode read stale mappings
+      before this one ended (wrote into its pages)?    -> stale-metadata
     otherwise                                          -> state-clean (the state path is clean: look elsewhere)
 
 The ledger is the engine's instrumentation events in emission order (``seq``); device-side rows
@@ -37,6 +40,7 @@ HYPOTHESES = {
     "stale-metadata": "stale decode metadata",
     "cow-violation": "shared page written without copy-on-write",
     "evicted-under-lock": "snapshot evicted while locked",
+    "restore-incomplete": "restore copied only part of the state",
     "key-or-payload": "client payload or cache key wrong",
 }
 
@@ -99,7 +103,21 @@ def _verdict(book: _Ledger, rid: str, echo_failed: bool) -> Verdict:
     checked.append("cow-violation")
     if shared:
         return Verdict(rid, "cow-violation", tuple(shared[:3]), tuple(checked))
+    concurrent = _stale_elsewhere(book, rid)
+    if concurrent:
+        return Verdict(rid, "stale-metadata", tuple(concurrent[:3]), tuple(checked))
     return Verdict(rid, "state-clean", tuple(restore), tuple(checked))
+
+
+def _stale_elsewhere(book: _Ledger, rid: str) -> list[Row]:
+    """Decode steps of *other* requests that read stale page mappings before ``rid`` finished: a
+    decode reading the wrong table writes its keys and values into the pages that table names --
+    pages this request reads, live or as a cached prefix it hit later."""
+    own = [r["seq"] for r in book.rows if r.get("rid") == rid]
+    if not own:
+        return []
+    return [r for r in book.find("decode_metadata", before=max(own) + 1)
+            if not r.get("match", True) and r.get("rid") != rid]
 
 
 def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
@@ -120,6 +138,9 @@ def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
     checked.append("restore-raced")
     if donated is not None and donated["seq"] > seq:
         return Verdict(rid, "restore-raced", (donation, read, donated), tuple(checked), window)
+    checked.append("restore-incomplete")
+    if read.get("checksum") is not None and read["checksum"] != read["src_checksum"]:
+        return Verdict(rid, "restore-incomplete", (donation, read), tuple(checked), window)
     reference = book.find("reference_state", prefix=donation.get("prefix") or prefix)
     bad_at_donate = donated is None or bool(reference and reference[-1]["checksum"] != donated["checksum"])
     if reference or donated is None:

@@ -27,7 +27,7 @@ from hammer import __version__
 __all__ = ["main"]
 
 DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
-                    "media-ab")
+                    "media-ab", "donate-hit")
 ENGINE_FLAGS = {"faults": "--fault", "overlap": "--overlap", "device_seed": "--device-seed",
                 "max_running": "--max-running", "num_slots": "--num-slots", "num_pages": "--num-pages",
                 "page_size": "--page-size"}
@@ -118,7 +118,7 @@ REPORT_OPTION = click.option("--report/--no-report", default=True, show_default=
 
 def run_options(command):
     """What every running command takes: the target, the seed, the output, engine and HTTP options, verdicts."""
-    from mini_engine.faults import FAULTS
+    from mini_engine.faults import ALL_FAULTS, FAULTS
 
     positive = click.IntRange(min=1)
     options = [
@@ -133,8 +133,9 @@ def run_options(command):
         click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      help="Also write JUnit XML here."),
         REPORT_OPTION,
-        click.option("--fault", "faults", multiple=True, type=click.Choice(list(FAULTS)), metavar="NAME",
-                     help=f"[embedded] Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}."),
+        click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
+                     help=f"[embedded] Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}; outside the catalogue: "
+                          f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
         click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
         click.option("--device-seed", type=int, default=0, show_default=True,
                      help="[embedded] Seed of the simulated device (round r uses seed + r)."),
@@ -297,7 +298,7 @@ def postmortem(run_dir, max_rows, report):
 @click.option("--budget", callback=_duration, default="30s", show_default=True, help="Time per cell.")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Bound each cell by hammer requests instead of time (deterministic).")
-@click.option("--quick", is_flag=True, help="Each cell 16 hammer requests (the CI-sized matrix).")
+@click.option("--quick", is_flag=True, help="Each cell its own small request count (the CI-sized matrix).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the cells' run directories and the combined report go (default runs/matrix-<time>).")
@@ -310,18 +311,18 @@ def faults(names, budget, requests, quick, seed, out, report):
     from hammer.matrix import run_matrix, select
 
     if quick and requests:
-        raise click.BadParameter("--quick sets the request count; give one of them", param_hint="--quick")
-    requests = 16 if quick else requests
+        raise click.BadParameter("--quick sets the request counts; give one of --quick and --requests",
+                                 param_hint="--quick")
     try:
         cells = select([n for name in names for n in name.split(",") if n])
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--faults") from None
     out = out or Path("runs") / f"matrix-{time.strftime('%Y%m%dT%H%M%S')}"
-    bound = f"{requests} requests" if requests else f"{budget:.0f} s"
+    bound = "quick request counts" if quick else f"{requests} requests" if requests else f"{budget:.0f} s"
     click.echo(f"hammer faults: {len(cells)} cell(s), {bound} each, seed {seed} -> {out}")
     try:
-        matrix_json = run_matrix(cells, out, seed=seed, budget=None if requests else budget, requests=requests,
-                                 echo=click.echo)
+        matrix_json = run_matrix(cells, out, seed=seed, budget=None if requests or quick else budget,
+                                 requests=requests, quick=quick, echo=click.echo)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     sys.exit(_matrix_report(matrix_json, report))

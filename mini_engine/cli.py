@@ -20,15 +20,16 @@ def main() -> None:
 
 def engine_options(command):
     """The options every engine command takes: the model, the scheduling mode, the device seed, faults."""
-    from mini_engine.faults import FAULTS
+    from mini_engine.faults import ALL_FAULTS, FAULTS
 
     options = [
         click.option("--model", "model_name", default=None, metavar="NAME|DIR",
                      help="Built-in model name (default: tiny-random) or a Hugging Face checkpoint folder."),
         click.option("--overlap", is_flag=True, help="Overlap scheduling: build batch N+1 while batch N runs."),
         click.option("--device-seed", type=int, default=0, show_default=True, help="Seed of the simulated device."),
-        click.option("--fault", "faults", multiple=True, type=click.Choice(list(FAULTS)), metavar="NAME",
-                     help=f"Switch one safeguard off (repeatable): {', '.join(FAULTS)}."),
+        click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
+                     help=f"Switch one safeguard off (repeatable): {', '.join(FAULTS)}; outside the catalogue: "
+                          f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
     ]
     for option in reversed(options):
         command = option(command)

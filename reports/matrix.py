@@ -11,7 +11,8 @@ Read from ``matrix.json`` (``hammer.matrix.run_matrix``) and each cell's run dir
                       lower Wilson bound of p instead: the conservative figure
     corrupted / hits  with its 95% Wilson interval (the clean cell: the one-sided upper bound)
     attribution       the commonest verdict among corrupted hits, its share, and whether it is the
-                      cell's expected verdict; a fault cell is correct when that share >= 95%
+                      cell's expected verdict; a fault cell is correct when that share >= 95% (an
+                      extra cell without an expected verdict passes on detection alone)
     windows           sticky windows (donations that served >= 1 failure) and failures per window
 """
 
@@ -66,9 +67,12 @@ def _row(cell: Mapping[str, Any]) -> dict[str, Any]:
                                                             if windows else None)}
     row["t99_s"] = _t99(p, n, seconds)
     row["t99_low_s"] = _t99(p_low, n, seconds)
-    if cell["expected"] is None:
-        row["upper_95"] = wilson(bad_hits, len(hits), sided="upper").upper if len(hits) else 1.0
+    row["clean"] = not cell["faults"]
+    row["upper_95"] = wilson(bad_hits, len(hits), sided="upper").upper if len(hits) else 1.0
+    if row["clean"]:
         row["ok"] = corrupted == 0
+    elif cell["expected"] is None:  # a fault outside the catalogue with no verdict of its own: detection alone
+        row["ok"] = bool(bad_hits)
     else:
         row["ok"] = bool(bad_hits) and top == cell["expected"] and row["top_share"] >= SHARE
     return row
@@ -86,7 +90,7 @@ def matrix_verdict(rows: list[Mapping[str, Any]]) -> tuple[int, list[str]]:
     for row in rows:
         if row["ok"]:
             continue
-        if row["expected"] is None:
+        if row.get("clean", row["expected"] is None):
             problems.append(f"{row['cell']}: {row['corrupted']} corrupted request(s) on the clean engine")
         elif not row["corrupted_hits"]:
             problems.append(f"{row['cell']}: not detected in {row['hammer']} requests ({row['seconds']} s)")
@@ -100,7 +104,7 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
     def seconds(value):
         return "-" if value is None else f"{value:.1f} s"
 
-    if row["expected"] is None:
+    if row.get("clean", row["expected"] is None):
         detected = "clean" if row["ok"] else "CORRUPTED"
         rate = f"{row['corrupted_hits']}/{row['hits']} (95% upper {row['upper_95']:.2%})"
         verdict = "-" if not row["verdicts"] else ", ".join(f"{k} {v}" for k, v in row["verdicts"].items())
@@ -108,8 +112,8 @@ def _cells(row: Mapping[str, Any]) -> list[str]:
         detected = "yes" if row["corrupted_hits"] else "NO"
         rate = (f"{row['corrupted_hits']}/{row['hits']} ({row['rate_low']:.0%}-{row['rate_high']:.0%})"
                 if row["hits"] else "0/0")
-        verdict = ("-" if row["top_verdict"] is None else
-                   f"{row['top_verdict']} {row['top_share']:.0%} ({'correct' if row['ok'] else 'WRONG'})")
+        judged = "no expected verdict" if row["expected"] is None else "correct" if row["ok"] else "WRONG"
+        verdict = "-" if row["top_verdict"] is None else f"{row['top_verdict']} {row['top_share']:.0%} ({judged})"
     windows = "-" if not row["windows"] else f"{row['windows']} ({row['failures_per_window']:.1f}/window)"
     return [row["cell"], detected, "-" if row["first_detection"] is None else str(row["first_detection"]),
             seconds(row["t99_s"]), seconds(row["t99_low_s"]), rate, verdict, windows, f"{row['seconds']:.1f}"]

@@ -58,6 +58,7 @@ class CacheManager:
         self.states, self.device, self.stream, self.events = states, device, stream, instrumentation
         self.copy_stream, self.fences, self.kv = copy_stream, fences, kv
         self.evictions = 0
+        self._restore_rec_off = "restore_rec=off" in config.faults
         self.reference_checksum = None  # (tokens, media) -> int; set by the engine when reference_states
 
     # -- admission ---------------------------------------------------------------------------
@@ -155,6 +156,8 @@ class CacheManager:
         live, source = request.live_slot, request.restore_slot
         self._barrier(self.stream, [live, source], site="restore", rid=request.rid)
         position, rid = request.cached_len, request.rid
+        if self._restore_rec_off:
+            self.events.emit("fault", name="restore_rec=off", site="restore", rid=rid, src=source, dst=live)
         self.device.launch(self.stream, lambda: self._copy_reported("restore_read", live, source, position, rid=rid),
                            label=f"restore:{source}->{live}")
         self.fences.after(self.stream, [live, source])
@@ -166,7 +169,7 @@ class CacheManager:
         """Device-side body of a restore or clone: copy, and (instrumented) report the checksum of the
         source as read and of the destination as written, at the moment the copy runs."""
         read = self.states.checksum(src, length) if self.events.enabled else None
-        self.states.copy_slot(dst, src, length)
+        self.states.copy_slot(dst, src, length, recurrent=not (type_ == "restore_read" and self._restore_rec_off))
         if self.events.enabled:
             self.events.emit(type_, src=src, dst=dst, position=length, src_checksum=read,
                              checksum=self.states.checksum(dst, length), **ids)
@@ -308,6 +311,8 @@ class CacheManager:
     def _free_slot(self, slot: int, owner: Owner) -> None:
         self.slots.free(slot, owner)
         self.events.emit("free", slot=slot, owner=str(owner), role=owner.role)
+        if "free_unfenced=on" in self.config.faults and self.fences.forget(slot):
+            self.events.emit("fault", name="free_unfenced=on", site="free", slot=slot)
 
     def check_integrity(self) -> None:
         """Pools, tree and their agreement: every tree page/slot is held by the tree owner."""

@@ -46,3 +46,10 @@ class SlotFences:
         for slot in slots:
             self._last[slot][stream.name] = event
         return event
+
+    def forget(self, slot: int) -> bool:
+        """Drop what is known of the ops on ``slot`` (the fault free_unfenced=on: as if they had all
+        completed). Returns whether any was still in flight. Mutates."""
+        pending = any(not self.device.is_complete(e) for e in self._last[slot].values())
+        self._last.pop(slot, None)
+        return pending

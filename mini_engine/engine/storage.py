@@ -34,12 +34,14 @@ class StateStorage:
         self.pending = device.zeros(*shape, SNAPSHOT_ALIGN - 1, pending_width(config))
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
 
-    def copy_slot(self, dst: int, src: int, length: int) -> None:
+    def copy_slot(self, dst: int, src: int, length: int, *, recurrent: bool = True) -> None:
         """Device-side body of a clone, restore or fork of a state of ``length`` tokens: conv, rec and
-        the ``length % 64`` pending rows that mean something (the rest of the buffer is never read)."""
+        the ``length % 64`` pending rows that mean something (the rest of the buffer is never read).
+        ``recurrent=False`` leaves ``dst``'s recurrent state as it was (the fault restore_rec=off)."""
         rows = length % SNAPSHOT_ALIGN
         self.conv[dst].copy_(self.conv[src])
-        self.rec[dst].copy_(self.rec[src])
+        if recurrent:
+            self.rec[dst].copy_(self.rec[src])
         self.pending[dst, :, :rows].copy_(self.pending[src, :, :rows])
 
     def clear_slot(self, slot: int) -> None:

@@ -56,3 +56,18 @@ def test_rows_are_attributed_within_their_own_engine_stream():
     assert [v.verdict for v in verdicts] == ["poisoned-after-donate", "state-clean"]
     with pytest.raises(SchemaError, match="integer 'seq'"):
         validate_row({"type": "fault", "name": "x"})
+
+
+def test_a_stale_decode_of_another_request_explains_a_victim_with_clean_metadata():
+    """A decode that read stale mappings writes into pages it does not own: the request whose own reads
+    were clean but finished after that stale decode gets stale-metadata with the offending row; one that
+    ended before it stays state-clean."""
+    rows = [{"type": "decode_metadata", "seq": 1, "rid": "early", "read_checksum": 1, "staged_checksum": 1,
+             "match": True},
+            {"type": "decode_metadata", "seq": 2, "rid": "culprit", "read_checksum": 7, "staged_checksum": 8,
+             "match": False},
+            {"type": "decode_metadata", "seq": 3, "rid": "victim", "read_checksum": 5, "staged_checksum": 5,
+             "match": True}]
+    verdicts = {v.request: v for v in attribute_streams(rows, ["victim", "early"]).verdicts}
+    assert verdicts["victim"].verdict == "stale-metadata" and verdicts["victim"].evidence[0]["rid"] == "culprit"
+    assert verdicts["early"].verdict == "state-clean"
