@@ -31,3 +31,19 @@ def test_a_miss_a_wrong_cause_and_a_dirty_clean_cell_each_fail_the_matrix():
     assert problems[2] == "clean: 2 corrupted request(s) on the clean engine"
     text = render_matrix(rows)
     assert "NO" in text and "WRONG" in text and "CORRUPTED" in text
+
+
+def test_the_matrix_junit_has_a_testcase_per_cell_and_fails_the_bad_ones(tmp_path):
+    """One testcase per cell; only the cell with a problem carries a failure naming it and its run."""
+    import xml.etree.ElementTree as ET
+
+    from reports.matrix import matrix_junit
+
+    rows = [row("donate=transfer", "poisoned-after-donate", run="runs/a"),
+            row("page_cow=off", "cow-violation", ok=False, corrupted_hits=0, run="runs/b")]
+    suite = ET.parse(matrix_junit(rows, tmp_path / "junit.xml")).getroot()
+    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+    cases = {c.get("name"): c for c in suite}
+    assert cases["donate=transfer"].find("failure") is None
+    failure = cases["page_cow=off"].find("failure")
+    assert failure.get("message").startswith("page_cow=off: not detected") and failure.text == "runs/b"
