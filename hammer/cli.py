@@ -329,13 +329,15 @@ def faults(names, budget, requests, quick, seed, out, report):
 
 
 def _matrix_report(matrix_json: Path, report: bool) -> int:
-    from reports.matrix import matrix_junit, matrix_rows, matrix_verdict, render_matrix
+    from hammer.junit import Case, write_suite
+    from reports.matrix import matrix_cases, matrix_rows, matrix_verdict, render_matrix
     from reports.render import write_run_report
 
     rows = matrix_rows(matrix_json)
     code, problems = matrix_verdict(rows)
     (matrix_json.parent / "matrix.md").write_text(render_matrix(rows, markdown=True))
-    matrix_junit(rows, matrix_json.parent / "junit.xml")
+    write_suite("hammer-faults", [Case("faults", cell, failure, run, seconds)
+                                  for cell, failure, run, seconds in matrix_cases(rows)], matrix_json.parent / "junit.xml")
     (matrix_json.parent / "matrix_rows.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     if report:
         write_run_report([row["run"] for row in rows], matrix_json.parent / "report")

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 from forensics import RunDir
 from forensics.ledger import attribute_streams
 from hammer.interpreter import run_ops
+from hammer.junit import Case, write_suite
 from hammer.patterns import Op, with_controls
 from hammer.probing import source_ops
 from hammer.targets import Target
@@ -141,18 +141,8 @@ def write_junit(analysis: Analysis, path: str | Path, *, name: str = "hammer") -
             cases.setdefault((row.pattern or "-", row.family or "-"), [])
             if row.corrupted:
                 cases[(row.pattern or "-", row.family or "-")].append(f"{row.request} ({', '.join(row.fired)})")
-    failures = sum(bool(bad) for bad in cases.values())
-    lines = ['<?xml version="1.0" encoding="utf-8"?>',
-             f'<testsuite name={quoteattr(name)} tests="{len(cases)}" failures="{failures}">']
-    for (pattern, family), bad in sorted(cases.items()):
-        lines.append(f'  <testcase classname={quoteattr(pattern)} name={quoteattr(family)}>')
-        if bad:
-            lines.append(f'    <failure message={quoteattr(f"{len(bad)} corrupted")}>{escape(chr(10).join(bad))}</failure>')
-        lines.append("  </testcase>")
-    lines.append("</testsuite>")
-    path = Path(path)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_suite(name, [Case(pattern, family, f"{len(bad)} corrupted" if bad else None, "\n".join(bad))
+                              for (pattern, family), bad in sorted(cases.items())], path)
 
 
 def next_round(run: RunDir) -> int:

@@ -23,12 +23,11 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 from reports.stats import requests_to_detect, wilson
 from reports.tables import load_run
 
-__all__ = ["MATRIX_COLUMNS", "matrix_junit", "matrix_rows", "matrix_verdict", "render_matrix"]
+__all__ = ["MATRIX_COLUMNS", "matrix_cases", "matrix_rows", "matrix_verdict", "render_matrix"]
 
 MATRIX_COLUMNS = ("cell", "detected", "first detection", "t99", "t99 (95% low p)", "corrupted / hits",
                   "attribution", "windows", "seconds")
@@ -132,18 +131,8 @@ def render_matrix(rows: list[Mapping[str, Any]], *, markdown: bool = False) -> s
     return "\n".join(lines) + "\n"
 
 
-def matrix_junit(rows: list[Mapping[str, Any]], path: str | Path) -> Path:
-    """JUnit XML: one testcase per cell; a cell that is not ok fails with its problem and run directory."""
+def matrix_cases(rows: list[Mapping[str, Any]]) -> list[tuple[str, str | None, str, float]]:
+    """(cell, failure message or None, run directory, seconds) per cell: a JUnit case each."""
     _, problems = matrix_verdict(rows)
     by_cell = {p.split(":", 1)[0]: p for p in problems}
-    lines = ['<?xml version="1.0" encoding="utf-8"?>',
-             f'<testsuite name="hammer-faults" tests="{len(rows)}" failures="{len(problems)}">']
-    for row in rows:
-        lines.append(f'  <testcase classname="faults" name={quoteattr(row["cell"])} time="{row["seconds"]}">')
-        if row["cell"] in by_cell:
-            lines.append(f'    <failure message={quoteattr(by_cell[row["cell"]])}>{escape(row["run"])}</failure>')
-        lines.append("  </testcase>")
-    lines.append("</testsuite>")
-    path = Path(path)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return [(row["cell"], by_cell.get(row["cell"]), row["run"], row["seconds"]) for row in rows]

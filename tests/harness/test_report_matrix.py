@@ -37,13 +37,15 @@ def test_the_matrix_junit_has_a_testcase_per_cell_and_fails_the_bad_ones(tmp_pat
     """One testcase per cell; only the cell with a problem carries a failure naming it and its run."""
     import xml.etree.ElementTree as ET
 
-    from reports.matrix import matrix_junit
+    from hammer.junit import Case, write_suite
+    from reports.matrix import matrix_cases
 
     rows = [row("donate=transfer", "poisoned-after-donate", run="runs/a"),
             row("page_cow=off", "cow-violation", ok=False, corrupted_hits=0, run="runs/b")]
-    suite = ET.parse(matrix_junit(rows, tmp_path / "junit.xml")).getroot()
+    cases = [Case("faults", cell, failure, run, seconds) for cell, failure, run, seconds in matrix_cases(rows)]
+    suite = ET.parse(write_suite("hammer-faults", cases, tmp_path / "junit.xml")).getroot()
     assert suite.get("tests") == "2" and suite.get("failures") == "1"
-    cases = {c.get("name"): c for c in suite}
-    assert cases["donate=transfer"].find("failure") is None
-    failure = cases["page_cow=off"].find("failure")
+    by_name = {c.get("name"): c for c in suite}
+    assert by_name["donate=transfer"].find("failure") is None
+    failure = by_name["page_cow=off"].find("failure")
     assert failure.get("message").startswith("page_cow=off: not detected") and failure.text == "runs/b"
