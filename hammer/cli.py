@@ -134,7 +134,8 @@ def run_options(command):
                      help="Also write JUnit XML here."),
         REPORT_OPTION,
         click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
-                     help=f"[embedded] Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}; outside the catalogue: "
+                     help=f"[embedded] Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}; "
+                          f"outside the catalogue: "
                           f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
         click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
         click.option("--device-seed", type=int, default=0, show_default=True,
@@ -336,8 +337,8 @@ def _matrix_report(matrix_json: Path, report: bool) -> int:
     rows = matrix_rows(matrix_json)
     code, problems = matrix_verdict(rows)
     (matrix_json.parent / "matrix.md").write_text(render_matrix(rows, markdown=True))
-    write_suite("hammer-faults", [Case("faults", cell, failure, run, seconds)
-                                  for cell, failure, run, seconds in matrix_cases(rows)], matrix_json.parent / "junit.xml")
+    cases = [Case("faults", cell, failure, run, seconds) for cell, failure, run, seconds in matrix_cases(rows)]
+    write_suite("hammer-faults", cases, matrix_json.parent / "junit.xml")
     (matrix_json.parent / "matrix_rows.json").write_text(json.dumps(rows, indent=2, default=str) + "\n")
     if report:
         write_run_report([row["run"] for row in rows], matrix_json.parent / "report")

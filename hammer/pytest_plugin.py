@@ -82,7 +82,8 @@ class ProbeRun:
             return {"faults": tuple(get("hammer_fault"))}, None
         if get("hammer_fault"):
             raise pytest.UsageError("--hammer-fault applies to --hammer-target embedded only")
-        http = {"model": get("hammer_model"), "api_key": get("hammer_api_key"), "control_url": get("hammer_control_url")}
+        http = {"model": get("hammer_model"), "api_key": get("hammer_api_key"),
+                "control_url": get("hammer_control_url")}
         return None, {k: v for k, v in http.items() if v is not None}
 
     def __call__(self, family: str, index: int) -> tuple[list, Path]:

@@ -225,7 +225,8 @@ class Engine:
         key = prefix_digest(r.extra_key, r.prompt)
         logits = None
         if self.events.enabled:
-            logits = hashlib.blake2b(b"".join(c.to_bytes(8, "little") for c in r.logit_checks), digest_size=8).hexdigest()
+            checks = b"".join(c.to_bytes(8, "little") for c in r.logit_checks)
+            logits = hashlib.blake2b(checks, digest_size=8).hexdigest()
         return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key,
                              r.restore_slot, self._text(r)[0], r.media_digest, logits)
 
