@@ -9,7 +9,8 @@ belief. For a corrupted request the decision list is::
     restore ran before the donation's clone landed?    -> restore-raced
     restored slot != the bytes the restore read?       -> restore-incomplete (the copy itself dropped state)
     restored bytes != donated bytes?                   -> poisoned-after-donate (late write / alias)
-    donated bytes != the prefix's cold reference?      -> bad-at-donate (writer bug)
+    donated bytes != the prefix's cold reference?      -> bad-at-donate (writer bug; ``inherited``
+                                                          when the donor was itself corrupted)
     a decode step read page mappings != staged?        -> stale-metadata
     a page shared with another request written?        -> cow-violation
     another request's decode read stale mappings
@@ -25,7 +26,7 @@ Every verdict carries the rows that prove it. Pure functions; nothing here runs 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["HYPOTHESES", "Attribution", "Verdict", "attribute"]
@@ -52,10 +53,12 @@ class Verdict:
     evidence: tuple[Row, ...]
     checked: tuple[str, ...]  # hypotheses whose evidence this request could test
     window: str | None = None  # the branch (prefix digest) and donation it restored from
+    inherited: str | None = None  # bad-at-donate from a donor that was itself corrupted: that donor
 
     def as_dict(self) -> dict[str, Any]:
         return {"request": self.request, "verdict": self.verdict, "window": self.window,
-                "checked": list(self.checked), "evidence": [dict(r) for r in self.evidence]}
+                "inherited": self.inherited, "checked": list(self.checked),
+                "evidence": [dict(r) for r in self.evidence]}
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,14 @@ class _Ledger:
                 and all(r.get(k) == v for k, v in match.items())]
 
 
-def attribute(ledger: Iterable[Row], corrupted: Sequence[str], *, echo_failed: Iterable[str] = ()) -> Attribution:
+def attribute(ledger: Iterable[Row], corrupted: Sequence[str], *, echo_failed: Iterable[str] = (),
+              known_bad: Iterable[str] = ()) -> Attribution:
     """Verdicts for the ``corrupted`` engine request ids; ``echo_failed`` are those whose payload or
-    cache key the harness found echoed wrong (the echo oracle)."""
-    book, echo = _Ledger(ledger), set(echo_failed)
-    verdicts = tuple(_verdict(book, rid, rid in echo) for rid in corrupted)
+    cache key the harness found echoed wrong (the echo oracle); ``known_bad``: every request of the
+    run found corrupted (``corrupted`` counts too), so that a bad donation from a corrupted donor is
+    told apart from a writer bug."""
+    book, echo, bad = _Ledger(ledger), set(echo_failed), {*known_bad, *corrupted}
+    verdicts = tuple(_inherit(_verdict(book, rid, rid in echo), bad) for rid in corrupted)
     return Attribution(verdicts, _hypotheses(verdicts, bool(book.rows)), _windows(verdicts))
 
 
@@ -118,6 +124,16 @@ def _stale_elsewhere(book: _Ledger, rid: str) -> list[Row]:
         return []
     return [r for r in book.find("decode_metadata", before=max(own) + 1)
             if not r.get("match", True) and r.get("rid") != rid]
+
+
+def _inherit(verdict: Verdict, bad: set[str]) -> Verdict:
+    """A bad donation whose donor was itself a corrupted request passed its poison on: the state it
+    was computed from was wrong, which says nothing about the snapshot writer."""
+    if verdict.verdict != "bad-at-donate":
+        return verdict
+    donors = [r.get("rid") for r in verdict.evidence if r["type"] == "donate"]
+    donor = next((d for d in donors if d in bad and d != verdict.request), None)
+    return verdict if donor is None else replace(verdict, inherited=donor)
 
 
 def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
@@ -181,10 +197,14 @@ def _hypotheses(verdicts: Sequence[Verdict], have_ledger: bool) -> tuple[dict[st
     matched) or untested (no failure could test it, or no ledger)."""
     out = []
     for name, text in HYPOTHESES.items():
-        proven = sum(v.verdict == name for v in verdicts)
-        tested = sum(name in v.checked for v in verdicts)
+        proven = sum(v.verdict == name and v.inherited is None for v in verdicts)
+        inherited = sum(v.verdict == name and v.inherited is not None for v in verdicts)
+        tested = sum(name in v.checked and v.inherited is None for v in verdicts)
         if proven:
             status, detail = "confirmed", f"{proven} of {len(verdicts)} failures"
+        elif inherited:
+            status, detail = "untested", (f"{inherited} bad donation(s), each from a donor that was itself "
+                                          "corrupted (poison passed on, not a writer bug)")
         elif tested and have_ledger:
             status, detail = "falsified", f"evidence clean on all {tested} failures that could test it"
         else:

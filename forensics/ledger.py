@@ -94,7 +94,8 @@ def attribute_streams(rows: Iterable[Mapping[str, Any]], corrupted: Sequence[str
         for row in stream:
             if row.get("rid") in corrupted and key[0] != "control":
                 home.setdefault(row["rid"], key)
-    parts = [attribute(by_stream.get(home.get(rid), ()), [rid], echo_failed=echo & {rid}) for rid in corrupted]
+    parts = [attribute(by_stream.get(home.get(rid), ()), [rid], echo_failed=echo & {rid}, known_bad=corrupted)
+             for rid in corrupted]
     return Attribution(tuple(v for part in parts for v in part.verdicts), _merge_hypotheses(parts),
                        _merge_windows(parts))
 
@@ -115,8 +116,11 @@ def _merge_hypotheses(parts: Sequence[Attribution]) -> tuple[dict[str, Any], ...
         confirmed = statuses.count("confirmed")
         status = ("confirmed" if confirmed else "falsified" if "falsified" in statuses else "untested")
         tested = sum(s != "untested" for s in statuses)
+        inherited = sum(v.verdict == first["hypothesis"] and v.inherited is not None for p in parts for v in p.verdicts)
         detail = (f"{confirmed} of {len(parts)} failures" if confirmed else
-                  f"evidence clean on all {tested} failures that could test it" if tested else "no failure could test it")
+                  f"evidence clean on all {tested} failures that could test it" if tested else
+                  f"{inherited} bad donation(s), each from a donor that was itself corrupted (poison passed on, "
+                  "not a writer bug)" if inherited else "no failure could test it")
         merged.append({**first, "status": status, "detail": detail})
     return tuple(merged)
 

@@ -87,8 +87,8 @@ def _length(story: Mapping[str, Any]) -> int:
 
 def _note(verdict: Mapping[str, Any], corrupted: set[str]) -> str:
     """What the evidence adds to the verdict: a donor that was itself a corrupted hit passed its poison on."""
-    donors = {r.get("rid") for r in verdict["evidence"] if r["type"] == "donate"} & corrupted
-    return f"donor {', '.join(sorted(donors))} was itself corrupted: the poison passed on" if donors else ""
+    donor = verdict.get("inherited")
+    return f"donor {donor} was itself corrupted: the poison passed on" if donor else ""
 
 
 def _donation_of(window: str, verdicts: Iterable[Mapping[str, Any]]) -> Row | None:

@@ -49,7 +49,8 @@ def test_rows_are_attributed_within_their_own_engine_stream():
     """seq restarts per (engine, round): a request is judged only against its own stream's rows."""
     rows = parse_log_lines(FOREIGN_LOG.splitlines())
     clean = [{**r, "round": 1, "rid": str(r.get("rid", "")).replace("req-", "clean-"),
-              "src_checksum": 0x1111} for r in rows if r["type"] != "slot_write" or r["position"] == 128]
+              **({"src_checksum": 0x1111, "checksum": 0x1111} if r["type"] == "restore_read" else {})}
+             for r in rows if r["type"] != "slot_write" or r["position"] == 128]
     mine = [{**r, "round": 0} for r in rows]
     assert set(streams(clean + mine)) == {(None, 0), (None, 1)}
     verdicts = attribute_streams(clean + mine, ["req-B", "clean-B"]).verdicts
@@ -71,3 +72,22 @@ def test_a_stale_decode_of_another_request_explains_a_victim_with_clean_metadata
     verdicts = {v.request: v for v in attribute_streams(rows, ["victim", "early"]).verdicts}
     assert verdicts["victim"].verdict == "stale-metadata" and verdicts["victim"].evidence[0]["rid"] == "culprit"
     assert verdicts["early"].verdict == "state-clean"
+
+
+def test_a_bad_donation_from_a_corrupted_donor_is_inherited_and_confirms_no_writer_bug():
+    """The donated bytes differ from the cold reference, but the donor was itself corrupted: the verdict is
+    bad-at-donate inherited from it, and the writer-bug hypothesis is not confirmed by it."""
+    rows = [{"type": "slot_write", "seq": 1, "rid": "donor", "slot": 3, "position": 64, "checksum": 11},
+            {"type": "donate", "seq": 2, "rid": "donor", "slot": 3, "position": 64, "prefix": "p", "policy": "transfer"},
+            {"type": "reference_state", "seq": 3, "prefix": "p", "position": 64, "checksum": 12},
+            {"type": "restore_read", "seq": 4, "rid": "victim", "src": 3, "dst": 5, "position": 64,
+             "src_checksum": 11, "checksum": 11}]
+    alone = attribute_streams(rows, ["victim"])
+    assert alone.verdicts[0].inherited is None
+    assert {h["hypothesis"]: h["status"] for h in alone.hypotheses}["bad-at-donate"] == "confirmed"
+    both = attribute_streams(rows + [{"type": "decode_metadata", "seq": 5, "rid": "donor", "read_checksum": 1,
+                                      "staged_checksum": 1, "match": True}], ["victim", "donor"])
+    victim = next(v for v in both.verdicts if v.request == "victim")
+    assert victim.verdict == "bad-at-donate" and victim.inherited == "donor"
+    status = {h["hypothesis"]: h for h in both.hypotheses}["bad-at-donate"]
+    assert status["status"] != "confirmed" and "poison passed on" in status["detail"]
