@@ -49,9 +49,11 @@ class Case:
     verdict: str
     seed: int = 0
     source: str = ""
+    concurrency: int | None = None  # the stored run's limit on open requests (None: none)
 
     def as_dict(self) -> dict[str, Any]:
         return {"version": CASE_VERSION, "verdict": self.verdict, "seed": self.seed, "source": self.source,
+                "concurrency": self.concurrency,
                 "engine": {**self.engine, "faults": list(self.engine.get("faults", ()))},
                 "ops": [op.as_record() for op in self.ops]}
 
@@ -64,7 +66,7 @@ class Case:
         if data.get("version") != CASE_VERSION:
             raise ValueError(f"case version {data.get('version')!r} is not {CASE_VERSION}; re-run `hammer shrink`")
         return cls(tuple(Op.from_invoke(op) for op in data["ops"]), data["engine"], data["verdict"],
-                   int(data.get("seed", 0)), data.get("source", ""))
+                   int(data.get("seed", 0)), data.get("source", ""), data.get("concurrency"))
 
     def with_faults(self, faults: Sequence[str]) -> Case:
         return replace(self, engine={**self.engine, "faults": tuple(faults)})
@@ -92,7 +94,8 @@ def run_case(case: Case, out: str | Path, *, faults: Sequence[str] | None = None
     """Run ``case`` (with ``faults`` instead of its own, if given) as a one-round soak under ``out``."""
     if faults is not None:
         case = case.with_faults(faults)
-    plan = SoakPlan((SCHEDULE,), case.seed, round_size=len(case.ops), requests=len(case.ops), schedule=case.ops)
+    plan = SoakPlan((SCHEDULE,), case.seed, round_size=len(case.ops), requests=len(case.ops), schedule=case.ops,
+                    concurrency=case.concurrency)
     run_dir, _, summary = execute(target=EMBEDDED, plan=plan, out=Path(out), engine=dict(case.engine),
                                   command=("hammer", "shrink", case.source), echo=lambda _line: None)
     return Outcome(run_dir, _failures(run_dir, summary), summary)
@@ -243,7 +246,8 @@ def shrink_run(run_dir: str | Path, *, verdict: str | None = None, max_trials: i
     plan = plan_of(run.meta)
     hammer = tuple(op for op in round_ops(plan, index)[1] if op.arm == HAMMER_ARM)
     engine = {**run.meta.engine, "device_seed": int(run.meta.engine.get("device_seed", 0)) + index}
-    case = Case(hammer, engine, verdict, plan.seed, f"{Path(run_dir).resolve()} round {index} ({request})")
+    case = Case(hammer, engine, verdict, plan.seed, f"{Path(run_dir).resolve()} round {index} ({request})",
+                plan.concurrency)
     steps: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hammer-shrink-") as scratch:
         oracle = _Oracle(verdict, Path(scratch), max_trials, started + budget, log)

@@ -73,7 +73,7 @@ def test_a_case_round_trips_through_json():
     """case.json holds everything a run needs: ops (continuations, media, aborts), engine options, verdict."""
     schedule = (Op(request="r0", pattern="p", prompt="a", media=(b"\x00\x01",), max_tokens=4, abandon_after=2),
                 Op(request="r1", pattern="p", prompt="b", at=3, continues="r0"))
-    case = replace(case_of(schedule), seed=5, source="somewhere")
+    case = replace(case_of(schedule), seed=5, source="somewhere", concurrency=3)
     again = Case.from_json(case.to_json())
-    assert again.ops == case.ops and again.verdict == case.verdict and again.seed == 5
+    assert again.ops == case.ops and again.verdict == case.verdict and again.seed == 5 and again.concurrency == 3
     assert again.engine["faults"] == ["donate=transfer"]
