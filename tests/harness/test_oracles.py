@@ -152,6 +152,22 @@ def test_choices_are_compared_with_the_same_choice_of_the_control():
     assert not _row(analysis, "h").corrupted and _row(analysis, "h#1").fired == ("reference",)
 
 
+def test_same_tokens_from_different_logits_are_a_corrupted_hit_on_an_exact_engine():
+    """Tokens equal to the control's but a different logits digest: reference fires (logits-mismatch) on an
+    exact engine; equal digests, or a digest missing on either side, or an inexact engine, count nothing."""
+    def run(hit_digest, control_digest="aaaa", exact=True):
+        h = History().request("c", "433", arm="control-cold", ids=[52, 51, 51],
+                              forensic={"logits_digest": control_digest} if control_digest else {})
+        h.request("h", "433", ids=[52, 51, 51], forensic={"logits_digest": hit_digest} if hit_digest else {})
+        return _row(check_history(h.events, exact=exact), "h")
+
+    bad = run("bbbb")
+    assert bad.corrupted and bad.fired == ("reference",) and bad.checks["reference"].label == "logits-mismatch"
+    assert bad.checks["reference"].details["control_logits_digest"] == "aaaa"
+    assert not run("aaaa").corrupted and not run(None).corrupted and not run("bbbb", None).corrupted
+    assert not run("bbbb", exact=False).corrupted
+
+
 def test_an_inexact_engine_reports_reference_mismatches_without_counting_them():
     """exact=False: a differing hit is reported as a mismatch but not as corruption."""
     h = History().request("c", "433 a", arm="control-cold").request("h", "433 b")
