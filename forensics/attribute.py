@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["HYPOTHESES", "Attribution", "Verdict", "attribute"]
+__all__ = ["HYPOTHESES", "Attribution", "Verdict", "attribute", "inherited_detail"]
 
 Row = Mapping[str, Any]
 
@@ -192,6 +192,11 @@ def _sibling_rows(book: _Ledger, rid: str, type_: str) -> list[Row]:
     return [r for r in book.find(type_) if str(r.get("rid", "")).split("#")[0] == base and r.get("rid") != rid]
 
 
+def inherited_detail(count: int) -> str:
+    """What a hypothesis's status says when only inherited bad donations speak of it."""
+    return f"{count} bad donation(s), each from a donor that was itself corrupted (poison passed on, not a writer bug)"
+
+
 def _hypotheses(verdicts: Sequence[Verdict], have_ledger: bool) -> tuple[dict[str, Any], ...]:
     """Per hypothesis: confirmed (some verdict proves it), falsified (tested on failures, never
     matched) or untested (no failure could test it, or no ledger)."""
@@ -203,8 +208,7 @@ def _hypotheses(verdicts: Sequence[Verdict], have_ledger: bool) -> tuple[dict[st
         if proven:
             status, detail = "confirmed", f"{proven} of {len(verdicts)} failures"
         elif inherited:
-            status, detail = "untested", (f"{inherited} bad donation(s), each from a donor that was itself "
-                                          "corrupted (poison passed on, not a writer bug)")
+            status, detail = "untested", inherited_detail(inherited)
         elif tested and have_ledger:
             status, detail = "falsified", f"evidence clean on all {tested} failures that could test it"
         else:

@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from forensics.attribute import Attribution, attribute
+from forensics.attribute import Attribution, attribute, inherited_detail
 from forensics.schema import SchemaError
 
 __all__ = ["LEDGER_VERSION", "ROW_FIELDS", "attribute_streams", "parse_log_lines", "streams", "validate_row"]
@@ -119,8 +119,7 @@ def _merge_hypotheses(parts: Sequence[Attribution]) -> tuple[dict[str, Any], ...
         inherited = sum(v.verdict == first["hypothesis"] and v.inherited is not None for p in parts for v in p.verdicts)
         detail = (f"{confirmed} of {len(parts)} failures" if confirmed else
                   f"evidence clean on all {tested} failures that could test it" if tested else
-                  f"{inherited} bad donation(s), each from a donor that was itself corrupted (poison passed on, "
-                  "not a writer bug)" if inherited else "no failure could test it")
+                  inherited_detail(inherited) if inherited else "no failure could test it")
         merged.append({**first, "status": status, "detail": detail})
     return tuple(merged)
 

@@ -61,7 +61,7 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
     corrupted = {v["request"] for v in attribution["verdicts"]}
     verdicts = [{"request": v["request"], "verdict": v["verdict"], "window": v.get("window"),
                  "hit": records[v["request"]].hit if v["request"] in records else None,
-                 "fired": list(fired.get(v["request"], ())), "note": _note(v, corrupted), "evidence": v["evidence"]}
+                 "fired": list(fired.get(v["request"], ())), "note": _note(v), "evidence": v["evidence"]}
                 for v in attribution["verdicts"]]
     windows, slots = [], {}
     for window in attribution.get("windows", ()):
@@ -85,7 +85,7 @@ def _length(story: Mapping[str, Any]) -> int:
     return len(story["rows"]) + story["more"]
 
 
-def _note(verdict: Mapping[str, Any], corrupted: set[str]) -> str:
+def _note(verdict: Mapping[str, Any]) -> str:
     """What the evidence adds to the verdict: a donor that was itself a corrupted hit passed its poison on."""
     donor = verdict.get("inherited")
     return f"donor {donor} was itself corrupted: the poison passed on" if donor else ""

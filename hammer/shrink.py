@@ -98,18 +98,15 @@ def run_case(case: Case, out: str | Path, *, faults: Sequence[str] | None = None
                     concurrency=case.concurrency)
     run_dir, _, summary = execute(target=EMBEDDED, plan=plan, out=Path(out), engine=dict(case.engine),
                                   command=("hammer", "shrink", case.source), echo=lambda _line: None)
-    return Outcome(run_dir, _failures(run_dir, summary), summary)
+    return Outcome(run_dir, _hit_failures(run_dir), summary)
 
 
-def _failures(run_dir: Path, summary: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """(request, verdict) of the corrupted hits: attribution.json's verdicts on the summary's hits."""
+def _hit_failures(run_dir: str | Path) -> tuple[tuple[str, str], ...]:
+    """(request, verdict) of the corrupted hits: attribution.json's verdicts on the requests that hit."""
+    records = fold_history(RunDir.open(run_dir).history()).records
     attribution = json.loads((Path(run_dir) / "attribution.json").read_text())
-    hits = set(_hit_requests(RunDir.open(run_dir)))
-    return tuple((v["request"], v["verdict"]) for v in attribution["verdicts"] if v["request"] in hits)
-
-
-def _hit_requests(run: RunDir) -> list[str]:
-    return [rid for rid, record in fold_history(run.history()).records.items() if record.hit]
+    return tuple((v["request"], v["verdict"]) for v in attribution["verdicts"]
+                 if v["request"] in records and records[v["request"]].hit)
 
 
 def failure_of(run_dir: str | Path, verdict: str | None = None) -> tuple[str, str, int]:
@@ -121,8 +118,7 @@ def failure_of(run_dir: str | Path, verdict: str | None = None) -> tuple[str, st
         raise ValueError(f"{run_dir}: only embedded runs shrink (target {run.meta.target.get('kind')!r})")
     if not path.exists():
         raise ValueError(f"{run_dir}: no attribution.json; run `hammer analyze {run_dir}` first")
-    hits = set(_hit_requests(run))
-    failures = [(v["request"], v["verdict"]) for v in json.loads(path.read_text())["verdicts"] if v["request"] in hits]
+    failures = list(_hit_failures(run_dir))
     if verdict is not None:
         failures = [f for f in failures if f[1] == verdict]
     if not failures:
