@@ -111,3 +111,39 @@ def serve(model_name: str | None, overlap: bool, device_seed: int, faults: tuple
     click.echo(f"model: {engine.model.config.name}  device: {engine.device.name} (seed {device_seed})  "
                f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}  listening on http://{host}:{port}")
     run_server(create_app(engine, served_model_name=served_model_name, api_key=api_key), host=host, port=port)
+
+
+@main.command()
+@click.option("--recipe", "recipe_name", default="probe-tiny", show_default=True, metavar="NAME",
+              help="Training recipe: the model shape, the probe mix and the schedule.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the checkpoint and logs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and of the data.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimiser steps (default: the recipe's).")
+@click.option("--time-limit", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Stop after this long; the learning-rate schedule follows whichever of steps and time runs out first.")
+@click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
+@click.option("--final-eval", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Validation probes per family after training (greedy, recomputed).")
+def train(recipe_name: str, out: str, seed: int, steps: int | None, time_limit: float | None, device: str | None,
+          final_eval: int) -> None:
+    """Train a hybrid model on the probe grammar and save a Hugging Face-style checkpoint in OUT."""
+    import torch
+
+    from mini_engine.train import get_recipe
+    from mini_engine.train.loop import train as run_training
+
+    try:
+        recipe = get_recipe(recipe_name)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--recipe") from None
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, ValueError) as err:
+        raise click.BadParameter(f"{device!r} is not a usable torch device here ({err})", param_hint="--device") from None
+    result = run_training(recipe, out, seed=seed, steps=steps, device=device, time_limit=time_limit,
+                          final_eval=final_eval, echo=click.echo)
+    click.echo(f"{result.steps} steps in {result.wall_s:.0f} s; answer loss {result.first_loss:.3f} -> "
+               f"{result.last_loss:.3f}; validation accuracy "
+               + ", ".join(f"{f} {a:.1%}" for f, a in result.accuracy.items()))
+    click.echo(f"checkpoint: {result.folder}")

@@ -36,7 +36,7 @@ class GatedAttention(nn.Module):
         """past_*: per sequence [start, Hkv, D]. Returns (output, new keys, new values) with new K/V [N, Hkv, D]."""
         n = h.shape[0]
         q, gate = inv.linear(h, self.q_proj.weight).reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
-        positions = batch.positions
+        positions = batch.positions.to(h.device)
         q = self.rotary(self.q_norm(q), positions)
         k = self.rotary(self.k_norm(inv.linear(h, self.k_proj.weight).reshape(n, self.hkv, self.d)), positions)
         v = inv.linear(h, self.v_proj.weight).reshape(n, self.hkv, self.d)

@@ -86,11 +86,25 @@ class GatedDeltaNet(nn.Module):
             new_rec.append(crossed[-1] if crossed.shape[0] else state.rec[i])
             new_pending.append(aligned[i][n_total - n_total % SNAPSHOT_ALIGN :])
             boundary_conv.append(self._boundary_conv(state.conv[i], mixed[batch.rows(i)], batch.starts[i]))
-        core = torch.cat(outputs).reshape(-1, self.dv)
-        gated = self.norm(core, z.reshape(-1, self.dv)).reshape(-1, self.value_dim)
         new_state = LinearLayerState(conv_final, torch.stack(new_rec), new_pending, boundary_conv,
                                      result.boundary_states)
-        return inv.linear(gated, self.out_proj.weight), new_state
+        return self._output(torch.cat(outputs), z), new_state
+
+    def forward_from_start(self, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        """The output of sequences that all start at position 0, and nothing else: no state is kept,
+        so it is differentiable end to end (the training forward)."""
+        if any(batch.starts):
+            raise ValueError(f"forward_from_start needs every sequence to start at 0; got starts {batch.starts}")
+        zeros = h.new_zeros(batch.size, self.conv1d.weight.shape[0], self.conv1d.weight.shape[-1] - 1)
+        rows, z, _, _ = self._prepare(h, batch, zeros)
+        q, k, v, g, beta = self._split(rows)
+        result = chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=batch.cu_seqlens)
+        return self._output(result.output, z)
+
+    def _output(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Gated RMSNorm of the rule's output [N, Hv, V] with silu(z), then the output projection."""
+        gated = self.norm(core.reshape(-1, self.dv), z.reshape(-1, self.dv)).reshape(-1, self.value_dim)
+        return inv.linear(gated, self.out_proj.weight)
 
     @staticmethod
     def _boundary_conv(history: torch.Tensor, mixed: torch.Tensor, start: int) -> list[torch.Tensor]:

@@ -66,7 +66,7 @@ class Rotary:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [N, heads, head_dim]; positions: [N] absolute positions."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
         angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
         cos, sin = angles.cos(), angles.sin()
         rot, rest = x[..., : self.dim], x[..., self.dim :]

@@ -41,8 +41,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [..., in], computed in fixed tiles of ``ROW_TILE`` rows.
 
     Every tile is one gemm of shape [ROW_TILE, in] x [in, out], so a row's result is the same
-    whether it is computed alone or inside any batch.
+    whether it is computed alone or inside any batch. Under autograd (training, where nothing is
+    compared bit for bit) it is one differentiable matmul: ``out=`` gemms record no gradient.
     """
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return x @ weight.t()
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
     n = rows.shape[0]

@@ -55,11 +55,11 @@ def attention_with_prefix(
             continue
         first, last = (n_k - n_q) // TILE, (n_k - 1) // TILE
         tiles = _tiles(q[q_lo:q_hi], first, last, n_k - n_q, hq)
-        positions = torch.arange(first * TILE, (last + 1) * TILE).reshape(-1, TILE)
+        positions = torch.arange(first * TILE, (last + 1) * TILE, device=q.device).reshape(-1, TILE)
         q_tiles.append(tiles)
         q_pos.append(positions.clamp(max=n_k - 1))  # padding rows attend like the last real row: no empty softmax
-        q_block.append(torch.arange(first, last + 1))
-        q_seq.append(torch.full((last - first + 1,), len(k_first)))
+        q_block.append(torch.arange(first, last + 1, device=q.device))
+        q_seq.append(torch.full((last - first + 1,), len(k_first), device=q.device))
         k_first.append(sum(t.shape[0] for t in k_tiles))
         k_len.append(n_k)
         k_tiles.append(_tiles(k[k_lo:k_hi], 0, last, 0, hq))
@@ -68,7 +68,8 @@ def attention_with_prefix(
     if not q_tiles:
         return out
     qt, pos, block, seq = torch.cat(q_tiles), torch.cat(q_pos), torch.cat(q_block), torch.cat(q_seq)
-    kt, vt, k_first_t, k_len_t = torch.cat(k_tiles), torch.cat(v_tiles), torch.tensor(k_first), torch.tensor(k_len)
+    kt, vt, k_first_t, k_len_t = (torch.cat(k_tiles), torch.cat(v_tiles), torch.tensor(k_first, device=q.device),
+                                    torch.tensor(k_len, device=q.device))
     n_tiles = qt.shape[0]
     running_max = qt.new_full((n_tiles, hq, TILE, 1), float("-inf"))
     denom = qt.new_zeros((n_tiles, hq, TILE, 1))
@@ -76,7 +77,7 @@ def attention_with_prefix(
     for t in range(int(block.max()) + 1):
         active = torch.nonzero(block >= t).flatten()
         kid = k_first_t[seq[active]] + t
-        key_pos = torch.arange(t * TILE, (t + 1) * TILE)
+        key_pos = torch.arange(t * TILE, (t + 1) * TILE, device=q.device)
         hidden = (key_pos[None, None, :] > pos[active][:, :, None]) | (key_pos[None, None, :] >= k_len_t[seq[active]][:, None, None])
         scores = bmm(qt[active], kt[kid].transpose(-1, -2)) * scale
         scores = scores.masked_fill(hidden[:, None], float("-inf"))

@@ -80,7 +80,7 @@ def recurrent_gated_delta_rule(
     finals, boundaries = [], []
     for s in range(state_shape[0]):
         lo, hi = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        state = torch.zeros(state_shape[1:]) if initial_state is None else initial_state[s].float().clone()
+        state = v.new_zeros(state_shape[1:]) if initial_state is None else initial_state[s].float().clone()
         seq_boundaries = []
         for t in range(lo, hi):
             state = state * torch.exp(g[t])[:, None, None]
@@ -92,7 +92,7 @@ def recurrent_gated_delta_rule(
                 seq_boundaries.append(state.clone())
         finals.append(state)
         boundaries.append(torch.stack(seq_boundaries) if seq_boundaries else state.new_zeros(0, *state.shape))
-    return GdnResult(out, torch.stack(finals) if finals else torch.zeros(state_shape), boundaries)
+    return GdnResult(out, torch.stack(finals) if finals else v.new_zeros(state_shape), boundaries)
 
 
 def _to_chunks(x: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.Tensor:
@@ -109,7 +109,7 @@ def _to_chunks(x: torch.Tensor, starts: list[int], lengths: list[int]) -> torch.
 def _intra_chunk(qc, kc, vc, gc, bc):
     """Everything that depends only on one chunk: returns (u, w, intra, q_decayed, k_decayed, chunk_decay)."""
     cum = gc.cumsum(-1)  # [N, H, C] log-decay from chunk start to each row
-    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool).triu(1)
+    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=gc.device).triu(1)
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
     k_beta = kc * bc[..., None]
     system = bmm(k_beta, kc.transpose(-1, -2)) * decay  # strictly-lower part is the UT system
@@ -133,7 +133,7 @@ def chunk_gated_delta_rule(
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     chunk_counts = [-(-n // CHUNK) for n in lengths]
     out = v.new_zeros(v.shape, dtype=torch.float32)
-    state = torch.zeros(state_shape) if initial_state is None else initial_state.float().clone()
+    state = v.new_zeros(state_shape, dtype=torch.float32) if initial_state is None else initial_state.float().clone()
     boundaries: list[list[torch.Tensor]] = [[] for _ in range(n_seq)]
     live = [s for s in range(n_seq) if lengths[s] > 0]
     if not live:
@@ -141,12 +141,12 @@ def chunk_gated_delta_rule(
     cols = [_to_chunks(t, [starts[s] for s in live], [lengths[s] for s in live]) for t in (
         _expand_heads(q.float(), hv) * scale, _expand_heads(k.float(), hv), v.float(), g.float(), beta.float())]
     u, w, intra, q_dec, k_dec, chunk_decay = _intra_chunk(*cols)
-    first_chunk = torch.tensor([0, *accumulate(chunk_counts[s] for s in live)][:-1])
+    first_chunk = torch.tensor([0, *accumulate(chunk_counts[s] for s in live)][:-1], device=v.device)
     outputs = torch.zeros_like(u)
     for j in range(max(chunk_counts[s] for s in live)):
         active = [i for i, s in enumerate(live) if chunk_counts[s] > j]
         ids = first_chunk[active] + j
-        seq_ids = torch.tensor([live[i] for i in active])
+        seq_ids = torch.tensor([live[i] for i in active], device=v.device)
         s_prev = state[seq_ids]
         v_new = u[ids] - bmm(w[ids], s_prev)
         outputs[ids] = bmm(q_dec[ids], s_prev) + bmm(intra[ids], v_new)
