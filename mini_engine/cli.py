@@ -124,13 +124,15 @@ def serve(model_name: str | None, overlap: bool, device_seed: int, faults: tuple
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--final-eval", type=click.IntRange(min=0), default=64, show_default=True,
               help="Validation probes per family after training (greedy, recomputed).")
+@click.option("--init", "init_from", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Continue from this checkpoint (written by an earlier train) instead of fresh weights.")
 def train(recipe_name: str, out: str, seed: int, steps: int | None, time_limit: float | None, device: str | None,
-          final_eval: int) -> None:
+          final_eval: int, init_from: str | None) -> None:
     """Train a hybrid model on the probe grammar and save a Hugging Face-style checkpoint in OUT."""
     import torch
 
     from mini_engine.train import get_recipe
-    from mini_engine.train.loop import train as run_training
+    from mini_engine.train.loop import earlier_stages, train as run_training
 
     try:
         recipe = get_recipe(recipe_name)
@@ -141,8 +143,12 @@ def train(recipe_name: str, out: str, seed: int, steps: int | None, time_limit: 
         torch.empty(0, device=device)
     except (RuntimeError, ValueError) as err:
         raise click.BadParameter(f"{device!r} is not a usable torch device here ({err})", param_hint="--device") from None
+    try:
+        earlier_stages(init_from)
+    except (ValueError, KeyError) as err:
+        raise click.BadParameter(str(err), param_hint="--init") from None
     result = run_training(recipe, out, seed=seed, steps=steps, device=device, time_limit=time_limit,
-                          final_eval=final_eval, echo=click.echo)
+                          final_eval=final_eval, init=init_from, echo=click.echo)
     click.echo(f"{result.steps} steps in {result.wall_s:.0f} s; answer loss {result.first_loss:.3f} -> "
                f"{result.last_loss:.3f}; validation accuracy "
                + ", ".join(f"{f} {a:.1%}" for f, a in result.accuracy.items()))

@@ -22,13 +22,13 @@ import torch.nn.functional as F
 
 from mini_engine.model.builtin import init_weights
 from mini_engine.model.hybrid import HybridModel
-from mini_engine.model.loader import save_pretrained
+from mini_engine.model.loader import load_pretrained, save_pretrained
 from mini_engine.train.data import IGNORE, collate, draw_examples
 from mini_engine.train.evaluate import ask_recompute, eval_probes, score
 from mini_engine.train.forward import sequence_logits
 from mini_engine.train.recipe import Recipe
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "earlier_stages", "train"]
 
 VALIDATION_SEED = 7_000_003  # probe seed of the evaluations during training (not the families' test seeds)
 LOG_EVERY = 25
@@ -68,9 +68,12 @@ def evaluate(model: HybridModel, recipe: Recipe, count: int, device, seed: int =
 
 
 def train(recipe: Recipe, out: str | Path, *, seed: int = 0, steps: int | None = None, device: str = "cpu",
-          time_limit: float | None = None, final_eval: int = 64,
+          time_limit: float | None = None, final_eval: int = 64, init: str | Path | None = None,
           echo: Callable[[str], None] = print) -> TrainResult:
-    """Train ``recipe`` for ``steps`` (or until ``time_limit`` seconds) and save the checkpoint in ``out``."""
+    """Train ``recipe`` for ``steps`` (or until ``time_limit`` seconds) and save the checkpoint in ``out``.
+
+    ``init``: start from that checkpoint's weights instead of the seeded initialisation (a second
+    stage: its data continue after the steps recorded in its ``training.json``)."""
     steps = recipe.steps if steps is None else steps
     if steps < 1:
         raise ValueError(f"steps must be >= 1; got {steps}")
@@ -79,7 +82,10 @@ def train(recipe: Recipe, out: str | Path, *, seed: int = 0, steps: int | None =
     torch.manual_seed(seed)
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
-    model = init_weights(HybridModel(recipe.model()), seed=seed + 1).to(device).train()
+    earlier = earlier_stages(init)
+    first_step = sum(stage["steps"] for stage in earlier)
+    model = (init_weights(HybridModel(recipe.model()), seed=seed + 1) if init is None
+             else load_pretrained(init)).to(device).train()
     optimizer = _optimizer(model, recipe)
     log = (folder / "train_log.jsonl").open("w")
     started = time.perf_counter()
@@ -93,7 +99,7 @@ def train(recipe: Recipe, out: str | Path, *, seed: int = 0, steps: int | None =
             progress = max(step / steps, elapsed / time_limit if time_limit else 0.0)
             for group in optimizer.param_groups:
                 group["lr"] = _lr(recipe, step, progress)
-            tokens, media, answer, following = collate(draw_examples(recipe.mix, seed, step), device)
+            tokens, media, answer, following = collate(draw_examples(recipe.mix, seed, first_step + step), device)
             logits = F.log_softmax(sequence_logits(model, tokens, media), -1)
             answer_loss = F.nll_loss(logits, answer, ignore_index=IGNORE)
             lm_loss = F.nll_loss(logits, torch.where(answer == IGNORE, following, IGNORE), ignore_index=IGNORE)
@@ -125,6 +131,7 @@ def train(recipe: Recipe, out: str | Path, *, seed: int = 0, steps: int | None =
         log.close()
     save_pretrained(model.cpu().eval(), folder)
     record = {"recipe": recipe.describe(), "seed": seed, "steps": step, "steps_asked": steps,
+              "earlier_stages": earlier,
               "time_limit_s": time_limit, "wall_s": round(wall, 1), "device": _device_name(device),
               "torch": torch.__version__, "python": platform.python_version(),
               "first_answer_loss": first_loss, "last_answer_loss": last_loss,
@@ -132,6 +139,18 @@ def train(recipe: Recipe, out: str | Path, *, seed: int = 0, steps: int | None =
               "validation_probes_per_family": final_eval, "validation_seed": VALIDATION_SEED}
     (folder / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     return TrainResult(folder, step, wall, first_loss, last_loss, record["validation_accuracy"])
+
+
+def earlier_stages(init: str | Path | None) -> list[dict]:
+    """The training records of the checkpoint ``init`` and of the stages before it (oldest first)."""
+    if init is None:
+        return []
+    path = Path(init) / "training.json"
+    if not path.is_file():
+        raise ValueError(f"{init}: no training.json, so the data of its steps cannot be continued")
+    record = json.loads(path.read_text())
+    stage = {k: record[k] for k in ("seed", "steps", "wall_s", "device", "validation_accuracy")}
+    return [*record.get("earlier_stages", []), stage]
 
 
 def _device_name(device: str) -> str:

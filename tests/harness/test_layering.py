@@ -34,6 +34,18 @@ def test_package_imports_nothing_above_or_beside_it(folder):
     assert {f: bad for f, bad in offenders.items() if bad} == {}
 
 
+def test_the_engine_reads_no_harness_package_outside_its_trainer():
+    """mini_engine serves any client: only mini_engine/train (whose data are the probe families) reads probes."""
+    harness = {"hammer", "probes", "forensics", "reports"}
+    offenders = {}
+    for path in sorted((ROOT / "mini_engine").rglob("*.py")):
+        allowed = {"probes"} if path.parent.name == "train" else set()
+        bad = sorted(_imported_packages(path) & (harness - allowed))
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}
+
+
 def test_only_the_hammer_cli_imports_reports():
     """hammer below the CLI (targets, interpreter, soak, replay) imports neither reports nor, outside targets, the engine."""
     hammer = ROOT / "hammer"
