@@ -7,6 +7,10 @@ sys.modules.setdefault("fla", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if not torch.cuda.is_available():  # Triton kernels run in the interpreter: set before any kernel is decorated
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from hypothesis import settings  # noqa: E402
 
 from mini_engine.generate import stream_greedy  # noqa: E402
