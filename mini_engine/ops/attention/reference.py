@@ -11,6 +11,9 @@ on how the prefix was split between cache and new tokens, or on the rest of the 
 step computes exactly what the same row computes inside a prefill.
 
 Packed layout: q [Tq, Hq, D], k/v [Tk, Hkv, D], offsets ``cu_seqlens_q`` / ``cu_seqlens_k``.
+
+Paged layout (what the kernels in ``triton.py`` read): a cache [n_pages, page_size, Hkv, D] per
+layer and a page table [B, max_pages]; ``gather_pages`` is its specification.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 
 from mini_engine.ops.invariant import bmm
 
-__all__ = ["TILE", "attention_with_prefix"]
+__all__ = ["TILE", "attention_with_prefix", "gather_pages"]
 
 TILE = 64
 
@@ -31,6 +34,20 @@ def _tiles(x: torch.Tensor, first_block: int, last_block: int, offset: int, head
     start = offset - first_block * TILE
     padded[start : start + x.shape[0]] = x.repeat_interleave(heads // x.shape[1], dim=1)
     return padded.reshape(n_tiles, TILE, heads, -1).transpose(1, 2).contiguous()
+
+
+def gather_pages(*, cache: torch.Tensor, page_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Positions ``0 .. seq_lens[b] - 1`` of every sequence b, packed: [sum(seq_lens), Hkv, D].
+
+    Position p of sequence b lives at ``cache[page_table[b, p // page_size], p % page_size]``.
+    """
+    page_size = cache.shape[1]
+    rows = []
+    for b, n_keys in enumerate(seq_lens.tolist()):
+        positions = torch.arange(n_keys, device=cache.device)
+        pages = page_table[b].to(device=cache.device, dtype=torch.long)[positions // page_size]
+        rows.append(cache[pages, positions % page_size])
+    return torch.cat(rows) if rows else cache.new_zeros(0, *cache.shape[2:])
 
 
 def attention_with_prefix(

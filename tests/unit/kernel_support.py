@@ -1,0 +1,165 @@
+"""Inputs shared by the Triton kernel tests (interpreter on CPU, tests/gpu on CUDA): odd shapes, shuffled pages."""
+
+from __future__ import annotations
+
+from itertools import accumulate
+from typing import NamedTuple
+
+import torch
+
+from mini_engine.ops import causal_conv1d as reference_conv
+from mini_engine.ops import causal_conv1d_update as reference_conv_update
+from mini_engine.ops.attention import attention_with_prefix, gather_pages
+from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefill_attention, write_kv_pages
+from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
+
+# Normwise relative error bounds (issue 9): fp32 kernels against the fp32 reference, low precision looser.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||actual - expected|| / ||expected||`` in float64 (0 when both are empty)."""
+    diff = (actual.double() - expected.double()).norm()
+    scale = expected.double().norm()
+    return float(diff / scale) if scale > 0 else float(diff)
+
+
+def offsets(lengths, device="cpu") -> torch.Tensor:
+    """``cu_seqlens`` of a packed batch: [0, l0, l0 + l1, ...] (int64, like the engine's)."""
+    return torch.tensor([0, *accumulate(lengths)], device=device)
+
+
+def randn(*shape, gen, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """Seeded normal values drawn on the CPU (the same numbers on every device), then moved."""
+    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+
+class PagedCase(NamedTuple):
+    """Sequences whose prefixes sit in shuffled pages; their new rows still to be written."""
+
+    q: torch.Tensor  # [Tq, Hq, D] new queries, packed
+    cu_seqlens_q: torch.Tensor
+    k: torch.Tensor  # [Tk, Hkv, D] every key of every sequence, packed (the reference's input)
+    v: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    k_cache: torch.Tensor  # [n_pages, page_size, Hkv, D]: prefixes written, everything else NaN
+    v_cache: torch.Tensor
+    page_table: torch.Tensor  # [B, max_pages] int32; unused entries name an all-NaN page
+    seq_lens: torch.Tensor  # [B] keys per sequence (prefix + new)
+    new_k: torch.Tensor  # [Tq, Hkv, D] the new rows, packed like q
+    new_v: torch.Tensor
+    slot_mapping: torch.Tensor  # [Tq] page * page_size + offset of each new row
+
+
+def paged_case(*, q_lens, prefix_lens, hq, hkv, head_dim, page_size, dtype, device="cpu", seed=0) -> PagedCase:
+    """A paged batch whose unused cache rows and page-table entries are NaN traps: reading one shows."""
+    gen = torch.Generator().manual_seed(seed)
+    k_lens = [a + b for a, b in zip(q_lens, prefix_lens)]
+    max_pages = max(-(-n // page_size) for n in k_lens) + 1
+    n_pages = sum(-(-n // page_size) for n in k_lens) + 2
+    order = torch.randperm(n_pages, generator=gen).tolist()
+    trap = order.pop()  # an all-NaN page that padding entries of the table name
+    table = torch.full((len(k_lens), max_pages), trap, dtype=torch.int32)
+    k = randn(sum(k_lens), hkv, head_dim, gen=gen, dtype=dtype)
+    v = randn(sum(k_lens), hkv, head_dim, gen=gen, dtype=dtype)
+    caches = [torch.full((n_pages, page_size, hkv, head_dim), float("nan"), dtype=dtype) for _ in range(2)]
+    cu_k, new_rows, slots = offsets(k_lens), [], []
+    for b, (n_k, n_prefix) in enumerate(zip(k_lens, prefix_lens)):
+        pages = [order.pop() for _ in range(-(-n_k // page_size))]
+        table[b, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        positions = torch.arange(n_k)
+        page_of, offset = torch.tensor(pages)[positions // page_size], positions % page_size
+        rows, cached = int(cu_k[b]) + positions, positions < n_prefix
+        for cache, src in zip(caches, (k, v)):
+            cache[page_of[cached], offset[cached]] = src[rows[cached]]
+        new_rows += rows[~cached].tolist()
+        slots += (page_of * page_size + offset)[~cached].tolist()
+    q = randn(sum(q_lens), hq, head_dim, gen=gen, dtype=dtype)
+    parts = (q, offsets(q_lens), k, v, cu_k, *caches, table, torch.tensor(k_lens), k[new_rows], v[new_rows],
+             torch.tensor(slots, dtype=torch.int64))
+    return PagedCase(*(t.to(device) for t in parts))
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str) -> float:
+    error = relative_error(actual, expected)
+    assert error <= TOLERANCE[dtype], f"{what}: relative error {error:.3g} > {TOLERANCE[dtype]:g} ({dtype})"
+    return error
+
+
+def check_conv_prefill(*, lengths, channels, width, dtype, device, pooled, activation="silu", seed=0) -> float:
+    """Triton prefill vs the reference: output within tolerance, final states exact, other slots untouched."""
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(sum(lengths), channels, gen=gen, dtype=dtype, device=device)
+    weight = randn(channels, width, gen=gen, dtype=dtype, device=device)
+    cu = offsets(lengths, device)
+    if not pooled:
+        init = randn(len(lengths), channels, width - 1, gen=gen, dtype=dtype, device=device)
+        for state in (init, None):
+            want = reference_conv(x=x, weight=weight, cu_seqlens=cu, initial_state=state, activation=activation)
+            got = causal_conv1d(x=x, weight=weight, cu_seqlens=cu, initial_state=state, activation=activation)
+            error = _assert_close(got.output, want.output, dtype, "conv prefill output")
+            assert torch.equal(got.final_state, want.final_state), "conv prefill final state"
+        return error
+    store = randn(2 * len(lengths) + 3, 2, channels, width - 1, gen=gen, device=device)
+    pool = store[:, 1]  # one layer of an engine-like [slots, layers, C, W-1] store: a strided view
+    slots = torch.randperm(pool.shape[0], generator=gen)[: len(lengths)].to(device=device, dtype=torch.int32)
+    before = store.clone()
+    want = reference_conv(x=x, weight=weight, cu_seqlens=cu, initial_state=pool[slots.long()], activation=activation)
+    got = causal_conv1d(x=x, weight=weight, cu_seqlens=cu, conv_pool=pool, slot_indices=slots, activation=activation)
+    assert got.final_state is None
+    assert torch.equal(pool[slots.long()], want.final_state), "conv prefill final state in the pool"
+    before[:, 1][slots.long()] = want.final_state
+    assert torch.equal(store, before), "conv prefill wrote outside its slots"
+    return _assert_close(got.output, want.output, dtype, "conv prefill output")
+
+
+def check_conv_update(*, batch, channels, width, dtype, device, seed=0) -> float:
+    """Triton update vs the reference, plain and in place on shuffled slots; returns the worse error."""
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(batch, channels, gen=gen, dtype=dtype, device=device)
+    weight = randn(channels, width, gen=gen, dtype=dtype, device=device)
+    state = randn(batch, channels, width - 1, gen=gen, dtype=dtype, device=device)
+    want = reference_conv_update(x=x, weight=weight, state=state)
+    original = state.clone()
+    got = causal_conv1d_update(x=x, weight=weight, state=state)
+    assert torch.equal(state, original) and torch.equal(got.final_state, want.final_state)
+    errors = [_assert_close(got.output, want.output, dtype, "conv update output")]
+    pool = randn(batch + 5, channels, width - 1, gen=gen, device=device)
+    slots = torch.randperm(pool.shape[0], generator=gen)[:batch].to(device=device, dtype=torch.int32)
+    want = reference_conv_update(x=x, weight=weight, state=pool[slots.long()])
+    before = pool.clone()
+    got = causal_conv1d_update(x=x, weight=weight, conv_pool=pool, slot_indices=slots)
+    before[slots.long()] = want.final_state
+    assert got.final_state is None and torch.equal(pool, before), "conv update state in the pool"
+    errors.append(_assert_close(got.output, want.output, dtype, "conv update output (pool)"))
+    return max(errors)
+
+
+def check_paged_prefill(*, dtype, device, **shape) -> float:
+    """Write the new rows into their pages, then prefill attention vs attention_with_prefix on all keys."""
+    case = paged_case(dtype=dtype, device=device, **shape)
+    write_kv_pages(k_cache=case.k_cache, v_cache=case.v_cache, k=case.new_k, v=case.new_v,
+                   slot_mapping=case.slot_mapping)
+    written = case.k_cache.flatten(0, 1)[case.slot_mapping]
+    assert torch.equal(written, case.new_k), "write_kv_pages put rows where the slot mapping says"
+    paged = gather_pages(cache=case.v_cache, page_table=case.page_table, seq_lens=case.seq_lens)
+    assert torch.equal(paged, case.v), "every key of every sequence is in its pages"
+    out = paged_prefill_attention(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, page_table=case.page_table,
+                                  cu_seqlens_q=case.cu_seqlens_q, seq_lens=case.seq_lens,
+                                  max_seqlen_q=max(shape["q_lens"]))
+    want = attention_with_prefix(q=case.q, k=case.k, v=case.v, cu_seqlens_q=case.cu_seqlens_q,
+                                 cu_seqlens_k=case.cu_seqlens_k)
+    return _assert_close(out, want, dtype, "paged prefill attention")
+
+
+def check_paged_decode(*, dtype, device, keys_per_split, **shape) -> float:
+    """Decode (one query per sequence at its last position) vs attention_with_prefix."""
+    lens = shape.pop("seq_lens")
+    case = paged_case(dtype=dtype, device=device, q_lens=[1] * len(lens), prefix_lens=[n - 1 for n in lens], **shape)
+    write_kv_pages(k_cache=case.k_cache, v_cache=case.v_cache, k=case.new_k, v=case.new_v,
+                   slot_mapping=case.slot_mapping)
+    out = paged_decode_attention(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, page_table=case.page_table,
+                                 seq_lens=case.seq_lens, keys_per_split=keys_per_split)
+    want = attention_with_prefix(q=case.q, k=case.k, v=case.v, cu_seqlens_q=case.cu_seqlens_q,
+                                 cu_seqlens_k=case.cu_seqlens_k)
+    return _assert_close(out, want, dtype, f"paged decode attention (keys_per_split={keys_per_split})")
