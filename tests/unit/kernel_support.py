@@ -12,6 +12,10 @@ from mini_engine.ops import causal_conv1d_update as reference_conv_update
 from mini_engine.ops.attention import attention_with_prefix, gather_pages
 from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefill_attention, write_kv_pages
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
+from mini_engine.ops.checksum import slot_checksum
+from mini_engine.ops.checksum.triton import checksum_lanes, digests, slot_checksums
+from mini_engine.ops.slot_copy import copy_slots as reference_copy_slots
+from mini_engine.ops.slot_copy.triton import copy_slots
 
 # Normwise relative error bounds (issue 9): fp32 kernels against the fp32 reference, low precision looser.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -163,3 +167,59 @@ def check_paged_decode(*, dtype, device, keys_per_split, **shape) -> float:
     want = attention_with_prefix(q=case.q, k=case.k, v=case.v, cu_seqlens_q=case.cu_seqlens_q,
                                  cu_seqlens_k=case.cu_seqlens_k)
     return _assert_close(out, want, dtype, f"paged decode attention (keys_per_split={keys_per_split})")
+
+
+def random_pool(*shape, dtype, gen, device="cpu") -> torch.Tensor:
+    """A pool of random bytes: normal floats, or integers over the dtype's whole range."""
+    if dtype.is_floating_point:
+        return randn(*shape, gen=gen, dtype=dtype, device=device)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, shape, generator=gen, dtype=dtype).to(device)
+
+
+def check_slot_checksums(*, shape, dtype, device, seed=0) -> None:
+    """Digests of listed slots (shuffled, repeated) of a pool equal the reference's, whole and cut to rows."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = random_pool(*shape, dtype=dtype, gen=gen, device=device)
+    slots = torch.randint(0, shape[0], (5,), generator=gen, dtype=torch.int32).to(device)
+    assert slot_checksums(pool=pool, slots=slots) == [slot_checksum(pool[s]) for s in slots.tolist()]
+    if len(shape) >= 4:
+        rows = torch.tensor([0, shape[2], 1, shape[2] // 2, 3]).clamp(max=shape[2]).to(device)
+        want = [slot_checksum(pool[s, :, :n]) for s, n in zip(slots.tolist(), rows.tolist())]
+        assert slot_checksums(pool=pool, slots=slots, rows=rows) == want
+
+
+def engine_state_pools(*, n_slots, layers, conv, rec, width, device, seed=0):
+    """Engine-shaped float32 state pools: conv [S, L, *conv], rec [S, L, *rec], pending [S, L, 63, width]."""
+    gen = torch.Generator().manual_seed(seed)
+    return (randn(n_slots, layers, *conv, gen=gen, device=device), randn(n_slots, layers, *rec, gen=gen, device=device),
+            randn(n_slots, layers, 63, width, gen=gen, device=device))
+
+
+def check_state_digest(*, device, **shapes) -> None:
+    """conv | rec | pending rows of each slot, digested as three segments, equal the digest of their bytes."""
+    conv, rec, pending = engine_state_pools(device=device, **shapes)
+    slots = torch.tensor([3, 1, 3], dtype=torch.int32, device=device)
+    rows = torch.tensor([0, 63, 17], device=device)
+    conv_words, rec_words = conv[0].numel(), rec[0].numel()
+    lanes = (checksum_lanes(pool=conv, slots=slots)
+             + checksum_lanes(pool=rec, slots=slots, first_word=conv_words)
+             + checksum_lanes(pool=pending, slots=slots, rows=rows, first_word=conv_words + rec_words))
+    want = [slot_checksum(torch.cat([conv[s].flatten(), rec[s].flatten(), pending[s, :, :n].flatten()]))
+            for s, n in zip(slots.tolist(), rows.tolist())]
+    assert digests(lanes) == want
+
+
+def check_copy_slots(*, device, recurrent=True, **shapes) -> None:
+    """Batched copy of shuffled pairs equals the index_copy reference on every pool, untouched slots included."""
+    pools = engine_state_pools(device=device, **shapes)
+    expected = [p.clone() for p in pools]
+    gen = torch.Generator().manual_seed(7)
+    order = torch.randperm(shapes["n_slots"], generator=gen)
+    dst, src = order[:3].to(torch.int32).to(device), order[3:6].to(torch.int32).to(device)
+    rows = torch.tensor([63, 0, 5], device=device)
+    kept = 2 if recurrent else 1  # restore_rec=off copies conv and pending only
+    reference_copy_slots(pools=expected[:kept], dst=dst, src=src, pending=expected[2], rows=rows)
+    copy_slots(pools=pools[:kept], dst=dst, src=src, pending=pools[2], rows=rows)
+    for name, got, want in zip(("conv", "rec", "pending"), pools, expected):
+        assert torch.equal(got, want), name

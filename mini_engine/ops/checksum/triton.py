@@ -1,0 +1,107 @@
+"""Triton slot checksum: the digests of many slots of a pool in one launch, bit-identical to ``reference.py``.
+
+Each program hashes one chunk of one slot's words in uint32 arithmetic (a product mod 2^32 is
+what the reference's ``& 0xFFFFFFFF`` keeps), sums each lane in wrapping uint32 (the sum mod 2^32
+is order-free, so chunks may finish in any order) and adds it atomically into the slot's int64
+lane totals. ``digests`` reduces those mod 2^32 and joins the two halves on the host.
+
+A digest covers a word sequence; lanes of consecutive segments add up. The digest of a
+concatenation (the engine's conv | rec | pending rows of a slot) is the sum of each segment's
+lanes, each computed with ``first_word`` = the number of words before it::
+
+    lanes(conv, first_word=0) + lanes(rec, first_word=conv_words) + lanes(pending, rows=..., first_word=...)
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MASK32, _MIX
+from mini_engine.ops.slot_layout import pool_words
+
+__all__ = ["checksum_lanes", "digests", "slot_checksum", "slot_checksums"]
+
+BLOCK = 1024  # words per step
+CHUNK = 8 * BLOCK  # words per program
+
+
+@triton.jit
+def _hash32(x, MIX: tl.constexpr):
+    x = (x ^ (x >> 16)) * MIX
+    x = (x ^ (x >> 16)) * MIX
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, first_word, slot_stride, outer_stride, rows_max,
+                     row_words, chunks, HAS_ROWS: tl.constexpr, MIX: tl.constexpr, LANE0: tl.constexpr,
+                     LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Chunk ``c`` of block ``o`` of the i-th listed slot: its two lane sums, added into lanes[i]."""
+    block_id, i = tl.program_id(0), tl.program_id(1)
+    o, c = block_id // chunks, block_id % chunks
+    n_rows = tl.cast(rows_max, tl.int64)  # tl.cast: an int argument equal to 1 arrives as a constexpr
+    if HAS_ROWS:
+        n_rows = tl.load(rows_ptr + i).to(tl.int64)
+    block_words = n_rows * row_words
+    begin = c.to(tl.int64) * CHUNK
+    if begin >= block_words:
+        return
+    base = words_ptr + tl.load(slots_ptr + i).to(tl.int64) * slot_stride + o.to(tl.int64) * outer_stride
+    first_index = first_word + o.to(tl.int64) * block_words  # the word index of this block's first word
+    lane0 = tl.zeros([BLOCK], dtype=tl.uint32)
+    lane1 = tl.zeros([BLOCK], dtype=tl.uint32)
+    for step in range(0, CHUNK, BLOCK):
+        j = begin + step + tl.arange(0, BLOCK)
+        ok = j < block_words
+        word = tl.load(base + j, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        index = (first_index + j).to(tl.uint32)  # only index mod 2^32 reaches the digest
+        lane0 += tl.where(ok, _hash32(word + index * LANE0, MIX), 0)
+        lane1 += tl.where(ok, _hash32(word + index * LANE1, MIX), 0)
+    tl.atomic_add(lanes_ptr + 2 * i, tl.sum(lane0.to(tl.int64), 0))
+    tl.atomic_add(lanes_ptr + 2 * i + 1, tl.sum(lane1.to(tl.int64), 0))
+
+
+def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None,
+                   first_word: int = 0) -> torch.Tensor:
+    """Lane sums [n, 2] int64 (not yet reduced mod 2^32) of ``pool[slots[i]]``, one launch; pure; no sync.
+
+    ``rows`` (None: whole slots): [n] ints, slot i then covers ``pool[slots[i], :, :rows[i]]`` of a
+    pool [n_slots, outer, rows_max, ...] (``mini_engine.ops.slot_layout``). ``first_word`` is the
+    word index of the segment's first word in the digested sequence.
+    """
+    layout = pool_words(pool, partial=rows is not None)
+    n = slots.numel()
+    if slots.shape != (n,) or (rows is not None and rows.shape != (n,)):
+        raise ValueError(f"slots and rows must be 1-D of one length; got {tuple(slots.shape)} and "
+                         f"{None if rows is None else tuple(rows.shape)}")
+    lanes = torch.zeros((n, 2), dtype=torch.int64, device=pool.device)
+    chunks = triton.cdiv(layout.rows_max * layout.row_words, CHUNK)
+    if n and chunks:
+        slots = slots.to(pool.device)
+        rows = slots if rows is None else rows.to(pool.device)  # unread when there are no rows
+        _checksum_kernel[(layout.outer * chunks, n)](
+            layout.words, slots, rows, lanes, first_word, layout.slot_stride, layout.outer_stride, layout.rows_max,
+            layout.row_words, chunks, HAS_ROWS=rows is not slots, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
+            LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
+    return lanes
+
+
+def digests(lanes: torch.Tensor) -> list[int]:
+    """64-bit digests (Python ints in [0, 2^64)) from lane sums [n, 2]; synchronises with the device."""
+    return [((a & _MASK32) << 32) | (b & _MASK32) for a, b in lanes.tolist()]
+
+
+def slot_checksums(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None) -> list[int]:
+    """``[reference.slot_checksum(pool[s]) for s in slots]`` (with ``rows``: of ``pool[s, :, :rows[i]]``)."""
+    return digests(checksum_lanes(pool=pool, slots=slots, rows=rows))
+
+
+def slot_checksum(tensor: torch.Tensor) -> int:
+    """``reference.slot_checksum`` for a tensor that is a whole number of 32-bit words (one launch, then a sync)."""
+    if (tensor.numel() * tensor.element_size()) % 4:
+        raise ValueError(f"{tensor.numel()} x {tensor.element_size()} bytes is not a whole number of 32-bit "
+                         "words; use mini_engine.ops.checksum.reference.slot_checksum (it zero-pads)")
+    pool = tensor.detach().contiguous().reshape(1, -1)
+    return slot_checksums(pool=pool, slots=torch.zeros(1, dtype=torch.int32, device=tensor.device))[0]

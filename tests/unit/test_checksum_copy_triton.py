@@ -1,0 +1,78 @@
+"""Triton slot checksum and batched slot copy match their references bit for bit (in the interpreter on CPU)."""
+
+import pytest
+import torch
+
+from mini_engine.ops.checksum import slot_checksum as reference_checksum
+from mini_engine.ops.checksum.triton import slot_checksum, slot_checksums
+from mini_engine.ops.slot_copy.triton import copy_slots
+from tests.unit.kernel_support import check_copy_slots, check_slot_checksums, check_state_digest, random_pool
+
+SMALL_STATE = dict(n_slots=9, layers=2, conv=(13, 3), rec=(3, 8, 5), width=11)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(6, 2, 7), (5, 3, 7, 10), (3, 1, 9000)], ids=str)
+def test_pool_checksums_equal_reference(shape, dtype):
+    """Digests of whole slots and of their first rows equal slot_checksum, over several chunks too (9000 words)."""
+    check_slot_checksums(shape=shape, dtype=dtype, device="cpu")
+
+
+def test_state_digest_composes_from_segments():
+    """The conv | rec | pending digest of a slot is the sum of three segments' lanes with word offsets."""
+    check_state_digest(device="cpu", **SMALL_STATE)
+
+
+def test_single_tensor_checksum_equals_reference():
+    """slot_checksum on any dtype whose bytes are whole words equals the reference; odd byte counts are refused."""
+    gen = torch.Generator().manual_seed(3)
+    for tensor in (torch.randn(3, 5, 7, generator=gen), torch.arange(6, dtype=torch.int16),
+                   torch.randn(4, 9, generator=gen).t()):
+        assert slot_checksum(tensor) == reference_checksum(tensor)
+    with pytest.raises(ValueError, match="whole number of 32-bit"):
+        slot_checksum(torch.arange(7, dtype=torch.uint8))
+
+
+def test_one_bit_flip_changes_the_digest():
+    """Flipping one bit anywhere (first, middle, last word; low and sign bits) changes the digest, as in the reference."""
+    gen = torch.Generator().manual_seed(4)
+    pool = random_pool(4, 3, 333, dtype=torch.int32, gen=gen)
+    slot = torch.tensor([2], dtype=torch.int32)
+    base = slot_checksums(pool=pool, slots=slot)[0]
+    for index in (0, 500, 998):
+        for bit in (0, 17, 31):
+            flipped = pool.clone()
+            flipped[2].view(-1)[index] ^= (1 << bit) if bit < 31 else -(1 << 31)
+            digest = slot_checksums(pool=flipped, slots=slot)[0]
+            assert digest != base and digest == reference_checksum(flipped[2]), (index, bit)
+
+
+def test_checksum_refuses_slots_that_are_not_contiguous():
+    """A pool whose slots are strided views cannot be digested as words: the error names the fix."""
+    pool = torch.zeros(4, 6, 8)[:, :, :4]
+    with pytest.raises(ValueError, match="pool\\[s\\] .* must be contiguous"):
+        slot_checksums(pool=pool, slots=torch.tensor([0]))
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_copy_slots_equals_reference(recurrent):
+    """Clone / restore of shuffled pairs in one launch: conv, rec (unless restore_rec=off) and pending rows."""
+    check_copy_slots(device="cpu", recurrent=recurrent, **SMALL_STATE)
+
+
+def test_copy_slots_spans_chunks_and_dtypes():
+    """Slots bigger than one program's chunk and 16-bit pools are copied whole, other slots untouched."""
+    gen = torch.Generator().manual_seed(6)
+    pools = [random_pool(5, 3, 7000, dtype=torch.float32, gen=gen), random_pool(5, 30, dtype=torch.float16, gen=gen)]
+    before = [p.clone() for p in pools]
+    copy_slots(pools=pools, dst=torch.tensor([4, 0]), src=torch.tensor([1, 3]))
+    for got, old in zip(pools, before):
+        old[[4, 0]] = old[[1, 3]]
+        assert torch.equal(got, old)
+
+
+def test_copy_slots_needs_rows_with_pending():
+    """Pending rows without their per-pair row counts is an error, not a guess."""
+    pending = torch.zeros(3, 2, 63, 4)
+    with pytest.raises(ValueError, match="pending and rows together"):
+        copy_slots(pools=[], dst=torch.tensor([1]), src=torch.tensor([2]), pending=pending)
