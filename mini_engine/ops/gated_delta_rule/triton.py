@@ -1,0 +1,437 @@
+"""Triton kernels for the gated delta rule, held to ``reference.py`` (the specification).
+
+Prefill (``chunk_gated_delta_rule_triton``) runs in two launches over a packed varlen batch:
+
+1. ``_prepare_chunk_kernel``, one program per (chunk, value head), everything that depends on one
+   64-token chunk only: the within-chunk cumulative log-decay ``gc``; the causal score matrix
+   ``aqk = scale * (q k^T) * exp(gc_i - gc_j)`` for ``i >= j``; and the UT transform. The system
+   ``I + L`` (``L`` = strictly-lower part of ``(k * beta) k^T * exp(gc_i - gc_j)``) is inverted in
+   16-row blocks: each diagonal block by forward substitution, the blocks below it by block
+   substitution with ``tl.dot``. That inverse gives ``w = (I + L)^-1 (k * beta * exp(gc))`` and
+   ``u = (I + L)^-1 (v * beta)``.
+2. ``_state_output_kernel``, one program per (V tile, sequence, value head), walks its sequence's
+   chunks in order with the state tile [K, BV] in registers::
+
+       v_new = u - w S
+       o     = scale * exp(gc) * (q S) + aqk v_new
+       S     = exp(gc_last) * S + k^T (exp(gc_last - gc) * v_new)
+
+   It writes the output, the state after every full chunk (the x64 boundary states) and the final
+   state, reading the initial state from a tensor or from slot-pool rows, and writing the final
+   state back into those pool rows in place.
+
+Where the chunks and boundary states of a packed batch lie (lengths 130, 64, 1)::
+
+    packed rows   | seq 0: rows 0..129         | seq 1: 130..193 | seq 2: 194 |
+    chunks        | c0: 64 | c1: 64 | c2: 2    | c3: 64          | c4: 1      |
+    boundary rows | b0     | b1     |          | b2              |            |
+    first_boundary: seq 0 -> 0, seq 1 -> 2, seq 2 -> 3 (no full chunk: none of its own)
+
+Decode (``fused_recurrent_gated_delta_rule_triton``) is one token per sequence: one program per
+(V tile, sequence, value head) reads its [K, BV] tile of the float32 state from the pool once,
+applies decay, the delta-rule write and the read-out in registers, and writes it back in place.
+
+Precision: states, decays and every accumulation are float32. With bf16/fp16 inputs the ``tl.dot``
+operands (``w``, ``u``, ``aqk``, the state, ``v_new``) are rounded to the input dtype, as in
+flash-linear-attention; with float32 inputs every dot is IEEE float32 (no TF32).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from mini_engine.ops.gated_delta_rule.reference import CHUNK, GdnResult, _check_inputs
+
+__all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton", "fused_recurrent_gated_delta_rule_triton"]
+
+if CHUNK != 64:
+    raise ImportError("the Triton kernels solve 64-row chunks as four 16-row blocks; CHUNK must be 64")
+
+_HEAD_SIZES = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a state-walking kernel is launched: the V tile per program, warps and pipeline stages."""
+
+    block_v: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self):
+        if self.block_v not in _HEAD_SIZES:
+            raise ValueError(f"block_v must be one of {_HEAD_SIZES}; got {self.block_v}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16; got {self.num_warps}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages must be at least 1; got {self.num_stages}")
+
+
+# ----------------------------------------------------------------------------- prepare (per chunk)
+
+
+@triton.jit
+def _dot(a, b):
+    """Float32 operands multiply in IEEE float32 (never TF32); 16-bit ones accumulate in float32."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _chunk_rows(ptr, row0, n, row_stride, D: tl.constexpr):
+    """The chunk's 64 rows of one head as a [64, D] tile, zero past the sequence's end."""
+    r = tl.arange(0, 64)
+    return tl.load(ptr + (row0 + r)[:, None] * row_stride + tl.arange(0, D)[None, :], mask=(r < n)[:, None],
+                   other=0.0)
+
+
+@triton.jit
+def _store_chunk_rows(ptr, row0, n, row_stride, D: tl.constexpr, value):
+    r = tl.arange(0, 64)
+    offsets = (row0 + r)[:, None] * row_stride + tl.arange(0, D)[None, :]
+    tl.store(ptr + offsets, value.to(ptr.dtype.element_ty), mask=(r < n)[:, None])
+
+
+@triton.jit
+def _block(x4, I: tl.constexpr, J: tl.constexpr):
+    """Block (I, J) of a [64, 64] matrix viewed as [4, 16, 4, 16] (masked sums: exact)."""
+    b = tl.arange(0, 4)
+    block_row = tl.sum(tl.where((b == I)[:, None, None, None], x4, 0.0), axis=0)
+    return tl.sum(tl.where((b == J)[None, :, None], block_row, 0.0), axis=1)
+
+
+@triton.jit
+def _place(x4, block, I: tl.constexpr, J: tl.constexpr):
+    b = tl.arange(0, 4)
+    hit = (b == I)[:, None, None, None] & (b == J)[None, None, :, None]
+    return tl.where(hit, block[None, :, None, :], x4)
+
+
+@triton.jit
+def _invert_diagonal_blocks(l4):
+    """(I + L_bb)^-1 for the four strictly-lower diagonal blocks at once, [4, 16, 16], by forward substitution."""
+    b, r = tl.arange(0, 4), tl.arange(0, 16)
+    diagonal = tl.sum(tl.where((b[:, None] == b[None, :])[:, None, :, None], l4, 0.0), axis=2)
+    inverse = tl.zeros([4, 16, 16], dtype=tl.float32)
+    for i in range(16):
+        l_row = tl.sum(tl.where((r == i)[None, :, None], diagonal, 0.0), axis=1)
+        row = tl.where(r == i, 1.0, 0.0)[None, :] - tl.sum(l_row[:, :, None] * inverse, axis=1)
+        inverse = tl.where((r == i)[None, :, None], row[:, None, :], inverse)
+    return inverse
+
+
+@triton.jit
+def _inverse(l):
+    """(I + l)^-1 for a strictly-lower [64, 64] l, in 16-row blocks: x_ij = -x_ii sum_{j <= m < i} l_im x_mj.
+
+    The diagonal blocks are solved by substitution and the six below them with small float32 dots.
+    """
+    l4 = tl.reshape(l, (4, 16, 4, 16))
+    diagonal = _invert_diagonal_blocks(l4)
+    b = tl.arange(0, 4)
+    x4 = tl.where((b[:, None] == b[None, :])[:, None, :, None], diagonal[:, :, None, :], 0.0)
+    x00, x11 = tl.sum(tl.where((b == 0)[:, None, None], diagonal, 0.0), axis=0), _block(x4, 1, 1)
+    x22, x33 = _block(x4, 2, 2), _block(x4, 3, 3)
+    l21, l31, l32 = _block(l4, 2, 1), _block(l4, 3, 1), _block(l4, 3, 2)
+    x10 = -_dot(x11, _dot(_block(l4, 1, 0), x00))
+    x21 = -_dot(x22, _dot(l21, x11))
+    x32 = -_dot(x33, _dot(l32, x22))
+    x20 = -_dot(x22, _dot(_block(l4, 2, 0), x00) + _dot(l21, x10))
+    x31 = -_dot(x33, _dot(l31, x11) + _dot(l32, x21))
+    x30 = -_dot(x33, _dot(_block(l4, 3, 0), x00) + _dot(l31, x10) + _dot(l32, x20))
+    x4 = _place(_place(_place(x4, x10, 1, 0), x20, 2, 0), x21, 2, 1)
+    x4 = _place(_place(_place(x4, x30, 3, 0), x31, 3, 1), x32, 3, 2)
+    return tl.reshape(x4, (64, 64))
+
+
+@triton.jit
+def _prepare_chunk_kernel(q, k, v, g, beta, gcum, w, u, aqk, chunk_row0, chunk_rows, scale, HK, HV,
+                          K: tl.constexpr, V: tl.constexpr):
+    chunk, h = tl.program_id(0), tl.program_id(1)
+    hk = h // (HV // HK)
+    row0 = tl.load(chunk_row0 + chunk).to(tl.int64)
+    n = tl.load(chunk_rows + chunk)
+    r = tl.arange(0, 64)
+    gates = tl.load(g + (row0 + r) * HV + h, mask=r < n, other=0.0).to(tl.float32)
+    gc = tl.cumsum(gates, axis=0)
+    tl.store(gcum + (row0 + r) * HV + h, gc, mask=r < n)
+    betas = tl.load(beta + (row0 + r) * HV + h, mask=r < n, other=0.0).to(tl.float32)
+    decay = tl.exp(gc[:, None] - gc[None, :])
+    k_c = _chunk_rows(k + hk * K, row0, n, HK * K, K)
+    q_c = _chunk_rows(q + hk * K, row0, n, HK * K, K)
+    scores = tl.where(r[:, None] >= r[None, :], _dot(q_c, tl.trans(k_c)) * decay, 0.0) * scale
+    _store_chunk_rows(aqk + h * 64, row0, n, HV * 64, 64, scores)
+    k_beta = (k_c * betas[:, None]).to(k_c.dtype)
+    system = tl.where(r[:, None] > r[None, :], _dot(k_beta, tl.trans(k_c)) * decay, 0.0)
+    inverse = _inverse(system).to(k_c.dtype)
+    k_gated = (k_c * (betas * tl.exp(gc))[:, None]).to(k_c.dtype)
+    _store_chunk_rows(w + h * K, row0, n, HV * K, K, _dot(inverse, k_gated))
+    v_beta = (_chunk_rows(v + h * V, row0, n, HV * V, V) * betas[:, None]).to(k_c.dtype)
+    _store_chunk_rows(u + h * V, row0, n, HV * V, V, _dot(inverse, v_beta))
+
+
+# ----------------------------------------------------------------------------- state walk (per sequence)
+
+
+@triton.jit
+def _chunk_step(state, q, k, w, u, aqk, gcum, out, rows, valid, last_row, cols, scale, HK, HV,
+                K: tl.constexpr, V: tl.constexpr):
+    """Output rows of one chunk from the state at its start; returns the state at its end."""
+    r = tl.arange(0, 64)
+    kk = tl.arange(0, K)
+    gc = tl.load(gcum + rows * HV, mask=valid, other=0.0)
+    gc_last = tl.load(gcum + last_row * HV)
+    w_c = tl.load(w + rows[:, None] * (HV * K) + kk[None, :], mask=valid[:, None], other=0.0)
+    u_c = tl.load(u + rows[:, None] * (HV * V) + cols[None, :], mask=valid[:, None], other=0.0)
+    state_in = state.to(w_c.dtype)
+    v_new = u_c.to(tl.float32) - _dot(w_c, state_in)
+    q_c = tl.load(q + rows[:, None] * (HK * K) + kk[None, :], mask=valid[:, None], other=0.0)
+    a_c = tl.load(aqk + rows[:, None] * (HV * 64) + r[None, :], mask=valid[:, None], other=0.0)
+    o = _dot(q_c, state_in) * (scale * tl.exp(gc))[:, None] + _dot(a_c, v_new.to(a_c.dtype))
+    tl.store(out + rows[:, None] * (HV * V) + cols[None, :], o.to(out.dtype.element_ty), mask=valid[:, None])
+    k_c = tl.load(k + rows[:, None] * (HK * K) + kk[None, :], mask=valid[:, None], other=0.0)
+    v_decayed = tl.where(valid[:, None], v_new * tl.exp(gc_last - gc)[:, None], 0.0)
+    return state * tl.exp(gc_last) + _dot(tl.trans(k_c), v_decayed.to(k_c.dtype))
+
+
+@triton.jit
+def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_first_boundary,
+                         init, init_rows, init_slot_stride, final, boundary, scale, HK, HV,
+                         K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                         HAS_INIT: tl.constexpr, WRITE_BACK: tl.constexpr):
+    vt, s, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = h // (HV // HK)
+    row0 = tl.load(seq_row0 + s).to(tl.int64)
+    n = tl.load(seq_len + s)
+    first_boundary = tl.load(seq_first_boundary + s).to(tl.int64)
+    slot = tl.load(init_rows + s).to(tl.int64)
+    kk = tl.arange(0, K)
+    cols = vt * BV + tl.arange(0, BV)
+    tile = (h * K + kk[:, None]).to(tl.int64) * V + cols[None, :]
+    state_size = HV * K * V
+    if HAS_INIT:
+        state = tl.load(init + slot * init_slot_stride + tile).to(tl.float32)
+    else:
+        state = tl.zeros([K, BV], dtype=tl.float32)
+    q, k = q + hk * K, k + hk * K
+    w, u, aqk, gcum, out = w + h * K, u + h * V, aqk + h * 64, gcum + h, out + h * V
+    whole_tile = (kk[:, None] < K) & (cols[None, :] < V)
+    for c in range(0, tl.cdiv(n, 64)):
+        start = c * 64
+        rows = row0 + start + tl.arange(0, 64)
+        valid = start + tl.arange(0, 64) < n
+        last_row = row0 + tl.minimum(n, start + 64) - 1
+        state = _chunk_step(state, q, k, w, u, aqk, gcum, out, rows, valid, last_row, cols, scale, HK, HV,
+                            K, V)
+        tl.store(boundary + (first_boundary + c) * state_size + tile, state, mask=whole_tile & (start + 64 <= n))
+    tl.store(final + s * state_size + tile, state)
+    if WRITE_BACK:
+        tl.store(init + slot * init_slot_stride + tile, state.to(init.dtype.element_ty))
+
+
+# ----------------------------------------------------------------------------- decode (one token)
+
+
+@triton.jit
+def _recurrent_step_kernel(q, k, v, g, beta, pool, pool_rows, slot_stride, out, scale, HK, HV,
+                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    vt, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = h // (HV // HK)
+    kk = tl.arange(0, K)
+    cols = vt * BV + tl.arange(0, BV)
+    slot = tl.load(pool_rows + b).to(tl.int64)
+    tile = pool + slot * slot_stride + h * (K * V) + kk[:, None] * V + cols[None, :]
+    state = tl.load(tile).to(tl.float32)
+    k_t = tl.load(k + (b * HK + hk) * K + kk).to(tl.float32)
+    q_t = tl.load(q + (b * HK + hk) * K + kk).to(tl.float32) * scale
+    v_t = tl.load(v + (b * HV + h) * V + cols).to(tl.float32)
+    state = state * tl.exp(tl.load(g + b * HV + h).to(tl.float32))
+    delta = (v_t - tl.sum(state * k_t[:, None], axis=0)) * tl.load(beta + b * HV + h).to(tl.float32)
+    state = state + k_t[:, None] * delta[None, :]
+    tl.store(tile, state.to(pool.dtype.element_ty))
+    tl.store(out + (b * HV + h) * V + cols, tl.sum(state * q_t[:, None], axis=0).to(out.dtype.element_ty))
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _check_head_sizes(k_dim: int, v_dim: int, dtype: torch.dtype) -> None:
+    for name, size in (("K", k_dim), ("V", v_dim)):
+        if size not in _HEAD_SIZES:
+            raise ValueError(f"the Triton kernels need head size {name} in {_HEAD_SIZES}; got {size}")
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"q, k and v must be float32, float16 or bfloat16; got {dtype}")
+
+
+def _check_pool(state_pool, state_indices, n_seq: int, state_shape: tuple) -> None:
+    """A pool is [slots, Hv, K, V] with each slot contiguous; slots may be strided (one layer of [S, L, ...])."""
+    _, k_dim, v_dim = state_shape
+    if state_pool.dim() != 4 or tuple(state_pool.shape[1:]) != state_shape \
+            or state_pool.stride()[1:] != (k_dim * v_dim, v_dim, 1):
+        raise ValueError(f"state_pool must be [slots, {', '.join(map(str, state_shape))}] with contiguous slots; "
+                         f"got shape {tuple(state_pool.shape)}, strides {state_pool.stride()}")
+    if state_indices is None or tuple(state_indices.shape) != (n_seq,):
+        shape = None if state_indices is None else tuple(state_indices.shape)
+        raise ValueError(f"state_indices must be [{n_seq}] (one pool row per sequence); got {shape}")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _default_walk_config(pairs: int, v_dim: int, device: torch.device) -> LaunchConfig:
+    """The widest V tile that still gives about one program per SM (the walk is sequential per tile)."""
+    if device.type != "cuda":
+        return LaunchConfig(block_v=min(64, v_dim))
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    for block_v, num_warps in ((64, 8), (32, 4)):
+        if block_v <= v_dim and pairs * (v_dim // block_v) >= sms * 3 // 4:
+            return LaunchConfig(block_v=block_v, num_warps=num_warps)
+    return LaunchConfig(block_v=16)
+
+
+def _v_tiles(config: LaunchConfig, v_dim: int) -> int:
+    if config.block_v > v_dim:
+        raise ValueError(f"config.block_v={config.block_v} is wider than the value head (V={v_dim})")
+    return v_dim // config.block_v
+
+
+class _ChunkPlan(NamedTuple):
+    """Where each chunk starts and how many of its 64 rows are real; where each sequence's boundary states go."""
+
+    chunk_row0: list[int]
+    chunk_rows: list[int]
+    seq_first_boundary: list[int]
+    full_chunks: list[int]
+
+
+def _plan_chunks(starts: list[int], lengths: list[int]) -> _ChunkPlan:
+    chunk_row0 = [lo + c for lo, n in zip(starts, lengths) for c in range(0, n, CHUNK)]
+    chunk_rows = [min(CHUNK, n - c) for n in lengths for c in range(0, n, CHUNK)]
+    full = [n // CHUNK for n in lengths]
+    return _ChunkPlan(chunk_row0, chunk_rows, [0, *accumulate(full)][:-1], full)
+
+
+class _Prepared(NamedTuple):
+    """What the prepare kernel leaves for the walk, per packed row and value head."""
+
+    gcum: torch.Tensor  # [T, Hv] float32, cumulative log-decay within the row's chunk
+    w: torch.Tensor  # [T, Hv, K]
+    u: torch.Tensor  # [T, Hv, V]
+    aqk: torch.Tensor  # [T, Hv, 64], scaled causal scores within the chunk
+
+
+def _prepare_chunks(q, k, v, g, beta, chunk_row0, chunk_rows, scale: float) -> _Prepared:
+    total, hk, k_dim = q.shape
+    hv, v_dim = v.shape[1], v.shape[2]
+    prepared = _Prepared(torch.empty(total, hv, device=q.device, dtype=torch.float32),
+                         q.new_empty(total, hv, k_dim), q.new_empty(total, hv, v_dim), q.new_empty(total, hv, CHUNK))
+    if chunk_row0.numel():
+        _prepare_chunk_kernel[(chunk_row0.numel(), hv)](
+            q, k, v, g, beta, *prepared, chunk_row0, chunk_rows, scale, hk, hv, K=k_dim, V=v_dim,
+            num_warps=8 if max(k_dim, v_dim) >= 128 else 4)
+    return prepared
+
+
+def _initial_source(initial_state, state_pool, state_indices, n_seq: int, state_shape: tuple, device):
+    """(tensor to read initial states from, its row per sequence) or (None, None) for zero states."""
+    if state_pool is not None:
+        if initial_state is not None:
+            raise ValueError("give initial_state or state_pool (with state_indices), not both")
+        _check_pool(state_pool, state_indices, n_seq, state_shape)
+        return state_pool, state_indices.to(device=device, dtype=torch.int32)
+    if initial_state is not None:
+        return initial_state.contiguous(), torch.arange(n_seq, device=device, dtype=torch.int32)
+    return None, None
+
+
+def _boundary_buffer(boundary_out, rows: int, state_shape: tuple, device) -> torch.Tensor:
+    shape = (rows, *state_shape)
+    if boundary_out is None:
+        return torch.empty(shape, device=device, dtype=torch.float32)
+    if tuple(boundary_out.shape) != shape or boundary_out.dtype != torch.float32 or not boundary_out.is_contiguous():
+        raise ValueError(f"boundary_out must be a contiguous float32 tensor of shape {shape} (one row per full "
+                         f"chunk); got {tuple(boundary_out.shape)} {boundary_out.dtype}")
+    return boundary_out
+
+
+def chunk_gated_delta_rule_triton(
+    *, q, k, v, g, beta, cu_seqlens, initial_state=None, scale: float | None = None,
+    state_pool=None, state_indices=None, boundary_out=None, config: LaunchConfig | None = None,
+) -> GdnResult:
+    """Chunked prefill of a packed varlen batch; same contract and result as ``reference.chunk_gated_delta_rule``.
+
+    The initial states come from ``initial_state`` [B, Hv, K, V], or from rows ``state_indices`` [B]
+    of ``state_pool`` [slots, Hv, K, V] (distinct rows), which then receive the final states in place.
+    ``boundary_out``, if given, is a float32 [sum(len // 64), Hv, K, V] tensor that receives the
+    boundary states, sequence after sequence; the returned ``boundary_states`` are views into it.
+    ``output`` has v's dtype; the states are float32. ``cu_seqlens`` is read on the host: keep it
+    there (a device tensor costs a synchronisation).
+    """
+    state_shape = _check_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
+    n_seq, hv, k_dim, v_dim = state_shape
+    _check_head_sizes(k_dim, v_dim, q.dtype)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    config = config or _default_walk_config(n_seq * hv, v_dim, q.device)
+    scale = k_dim**-0.5 if scale is None else scale
+    starts, lengths = cu_seqlens[:-1].tolist(), cu_seqlens.diff().tolist()
+    plan = _plan_chunks(starts, lengths)
+    source, source_rows = _initial_source(initial_state, state_pool, state_indices, n_seq, state_shape[1:], q.device)
+    boundary = _boundary_buffer(boundary_out, sum(plan.full_chunks), state_shape[1:], q.device)
+    tables = torch.tensor(plan.chunk_row0 + plan.chunk_rows + starts + lengths + plan.seq_first_boundary,
+                          device=q.device, dtype=torch.int32)
+    chunk_row0, chunk_rows, seq_row0, seq_len, seq_first_boundary = tables.split(
+        [len(plan.chunk_row0), len(plan.chunk_rows), n_seq, n_seq, n_seq])
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    prepared = _prepare_chunks(q, k, v, g, beta, chunk_row0, chunk_rows, scale)
+    final = torch.empty(state_shape, device=q.device, dtype=torch.float32)
+    out = torch.empty_like(v)
+    init, init_rows = (final, seq_len) if source is None else (source, source_rows)  # (unread placeholders)
+    if n_seq:
+        _state_output_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
+            q, k, prepared.w, prepared.u, prepared.aqk, prepared.gcum, out, seq_row0, seq_len, seq_first_boundary,
+            init, init_rows, init.stride(0), final, boundary if boundary.numel() else final, scale, q.shape[1], hv,
+            K=k_dim, V=v_dim, BV=config.block_v, HAS_INIT=source is not None, WRITE_BACK=state_pool is not None,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+    firsts = plan.seq_first_boundary
+    return GdnResult(out, final, [boundary[f : f + n] for f, n in zip(firsts, plan.full_chunks)])
+
+
+def fused_recurrent_gated_delta_rule_triton(
+    *, q, k, v, g, beta, state_pool, state_indices, scale: float | None = None, config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """One decode step: q, k [B, Hk, K], v [B, Hv, V], g, beta [B, Hv]; returns the output [B, Hv, V].
+
+    Sequence ``b``'s state is row ``state_indices[b]`` of ``state_pool`` [slots, Hv, K, V]; it is
+    read and overwritten in place. Rows must be distinct, except a padding sink whose contents
+    nobody reads.
+    """
+    if q.dim() != 3 or q.shape != k.shape:
+        raise ValueError(f"q and k must both be [B, Hk, K]; got {tuple(q.shape)} and {tuple(k.shape)}")
+    n_seq, hk, k_dim = q.shape
+    if v.dim() != 3 or v.shape[0] != n_seq or v.shape[1] % hk:
+        raise ValueError(f"v must be [B, Hv, V] with B={n_seq} and Hv a multiple of Hk={hk}; got {tuple(v.shape)}")
+    hv, v_dim = v.shape[1], v.shape[2]
+    for name, t in (("g", g), ("beta", beta)):
+        if tuple(t.shape) != (n_seq, hv):
+            raise ValueError(f"{name} must be [B, Hv] = {(n_seq, hv)}; got {tuple(t.shape)}")
+    _check_head_sizes(k_dim, v_dim, q.dtype)
+    _check_pool(state_pool, state_indices, n_seq, (hv, k_dim, v_dim))
+    scale = k_dim**-0.5 if scale is None else scale
+    config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
+    out = v.new_empty(n_seq, hv, v_dim)
+    if n_seq:
+        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+        rows = state_indices.to(device=q.device, dtype=torch.int32)
+        _recurrent_step_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
+            q, k, v, g, beta, state_pool, rows, state_pool.stride(0), out, scale, hk, hv, K=k_dim, V=v_dim,
+            BV=config.block_v, num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
