@@ -54,7 +54,7 @@ __all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton", "fused_recurrent_gat
 if CHUNK != 64:
     raise ImportError("the Triton kernels solve 64-row chunks as four 16-row blocks; CHUNK must be 64")
 
-_HEAD_SIZES = (16, 32, 64, 128, 256)
+_HEAD_SIZES = (16, 32, 64, 128)  # powers of two for tl.arange, >= 16 for tl.dot; 256 would overflow shared memory
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_firs
                          init, init_rows, init_slot_stride, final, boundary, scale, HK, HV,
                          K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                          HAS_INIT: tl.constexpr, WRITE_BACK: tl.constexpr):
-    vt, s, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    vt, s, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     hk = h // (HV // HK)
     row0 = tl.load(seq_row0 + s).to(tl.int64)
     n = tl.load(seq_len + s)
@@ -335,8 +335,7 @@ def _prepare_chunks(q, k, v, g, beta, chunk_row0, chunk_rows, scale: float) -> _
                          q.new_empty(total, hv, k_dim), q.new_empty(total, hv, v_dim), q.new_empty(total, hv, CHUNK))
     if chunk_row0.numel():
         _prepare_chunk_kernel[(chunk_row0.numel(), hv)](
-            q, k, v, g, beta, *prepared, chunk_row0, chunk_rows, scale, hk, hv, K=k_dim, V=v_dim,
-            num_warps=8 if max(k_dim, v_dim) >= 128 else 4)
+            q, k, v, g, beta, *prepared, chunk_row0, chunk_rows, scale, hk, hv, K=k_dim, V=v_dim, num_warps=8)
     return prepared
 
 
