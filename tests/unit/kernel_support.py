@@ -139,6 +139,21 @@ def check_conv_update(*, batch, channels, width, dtype, device, seed=0) -> float
     return max(errors)
 
 
+def check_conv_steps_equal_prefill(*, length, channels, width, device, seed=5) -> None:
+    """Update steps in a slot reproduce the prefill of the same tokens bit for bit: outputs and final state."""
+    gen = torch.Generator().manual_seed(seed)
+    x, weight = randn(length, channels, gen=gen, device=device), randn(channels, width, gen=gen, device=device)
+    pool = randn(3, channels, width - 1, gen=gen, device=device)
+    slot = torch.tensor([2], dtype=torch.int32, device=device)
+    prefill_pool = pool.clone()
+    whole = causal_conv1d(x=x, weight=weight, cu_seqlens=offsets([length], device), conv_pool=prefill_pool,
+                          slot_indices=slot)
+    steps = [causal_conv1d_update(x=x[t : t + 1], weight=weight, conv_pool=pool, slot_indices=slot).output
+             for t in range(length)]
+    assert torch.equal(torch.cat(steps), whole.output), "update outputs"
+    assert torch.equal(pool, prefill_pool), "update final state"
+
+
 def check_paged_prefill(*, dtype, device, **shape) -> float:
     """Write the new rows into their pages, then prefill attention vs attention_with_prefix on all keys."""
     case = paged_case(dtype=dtype, device=device, **shape)

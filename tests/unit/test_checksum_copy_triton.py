@@ -34,7 +34,7 @@ def test_single_tensor_checksum_equals_reference():
 
 
 def test_one_bit_flip_changes_the_digest():
-    """Flipping one bit anywhere (first, middle, last word; low and sign bits) changes the digest, as in the reference."""
+    """Flipping one bit (first, middle, last word; low and sign bits) changes the digest, as in the reference."""
     gen = torch.Generator().manual_seed(4)
     pool = random_pool(4, 3, 333, dtype=torch.int32, gen=gen)
     slot = torch.tensor([2], dtype=torch.int32)

@@ -7,12 +7,12 @@ from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefi
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from tests.unit.kernel_support import (
     check_conv_prefill,
+    check_conv_steps_equal_prefill,
     check_conv_update,
     check_paged_decode,
     check_paged_prefill,
     offsets,
     paged_case,
-    randn,
 )
 
 LENGTHS = [1, 3, 0, 63, 65, 130]
@@ -41,17 +41,7 @@ def test_conv_update_matches_reference(dtype):
 
 def test_conv_update_steps_equal_prefill_bit_for_bit():
     """Decode steps in a slot reproduce the prefill of the same tokens exactly: outputs and final state."""
-    gen = torch.Generator().manual_seed(5)
-    x, weight = randn(9, 6, gen=gen), randn(6, 4, gen=gen)
-    pool = randn(3, 6, 3, gen=gen)
-    slot = torch.tensor([2], dtype=torch.int32)
-    prefill_pool = pool.clone()
-    whole = causal_conv1d(x=x, weight=weight, cu_seqlens=torch.tensor([0, 9]), conv_pool=prefill_pool,
-                          slot_indices=slot)
-    steps = [causal_conv1d_update(x=x[t : t + 1], weight=weight, conv_pool=pool, slot_indices=slot).output
-             for t in range(9)]
-    assert torch.equal(torch.cat(steps), whole.output)
-    assert torch.equal(pool, prefill_pool)
+    check_conv_steps_equal_prefill(length=9, channels=6, width=4, device="cpu")
 
 
 def test_conv_rejects_ambiguous_state():

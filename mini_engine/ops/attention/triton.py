@@ -180,7 +180,10 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache, v_cache, slot_ptr, n_heads, head_dim
              mask=mask)
 
 
-def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int, hq: int | None = None) -> None:
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, head_dim: int, hq: int | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+    if dtype is not None and not dtype == k_cache.dtype == v_cache.dtype:
+        raise ValueError(f"q and the caches must share one dtype; got {dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[3] != head_dim:
         raise ValueError(f"k_cache and v_cache must both be [n_pages, page_size, Hkv, {head_dim}]; got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -242,7 +245,7 @@ def paged_prefill_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     Returns [Tq, Hq, D] in q's dtype; equals ``attention_with_prefix`` on ``gather_pages``.
     """
     hq, head_dim = q.shape[1], q.shape[2]
-    _check_cache(k_cache, v_cache, head_dim, hq)
+    _check_cache(k_cache, v_cache, head_dim, hq, q.dtype)
     batch = cu_seqlens_q.numel() - 1
     _check_table(page_table, seq_lens, batch)
     if q.stride(2) != 1:
@@ -274,7 +277,7 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     table's capacity. Returns [B, Hq, D] in q's dtype.
     """
     batch, hq, head_dim = q.shape
-    _check_cache(k_cache, v_cache, head_dim, hq)
+    _check_cache(k_cache, v_cache, head_dim, hq, q.dtype)
     _check_table(page_table, seq_lens, batch)
     if keys_per_split is not None and (keys_per_split < BLOCK_N or keys_per_split % BLOCK_N):
         raise ValueError(f"keys_per_split={keys_per_split} must be None or a positive multiple of {BLOCK_N}")

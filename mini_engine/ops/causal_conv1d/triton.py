@@ -99,14 +99,16 @@ def _prefill_kernel(x_ptr, w_ptr, out_ptr, state_ptr, slot_ptr, cu_ptr, n_tokens
     if HAS_STATE:
         state_row += tl.load(slot_ptr + seq).to(tl.int64) * stride_ss
     mask = t_ok[:, None] & c_ok[None, :]
-    acc = _tap(0, x_ptr, stride_xt, stride_xc, start[:, None], (t - start)[:, None], state_row[:, None],
-               stride_sc, stride_si, c[None, :], c_ok[None, :], mask, w_ptr, stride_wc, stride_wi, WIDTH, HAS_STATE)
+    first = (t - start)[:, None]  # window position of each row's tap 0
+    start, state_row, c, c_ok = start[:, None], state_row[:, None], c[None, :], c_ok[None, :]
+    acc = _tap(0, x_ptr, stride_xt, stride_xc, start, first, state_row, stride_sc, stride_si, c, c_ok, mask,
+               w_ptr, stride_wc, stride_wi, WIDTH, HAS_STATE)
     for i in tl.static_range(1, WIDTH):
-        acc += _tap(i, x_ptr, stride_xt, stride_xc, start[:, None], (t - start)[:, None], state_row[:, None],
-                    stride_sc, stride_si, c[None, :], c_ok[None, :], mask, w_ptr, stride_wc, stride_wi, WIDTH, HAS_STATE)
+        acc += _tap(i, x_ptr, stride_xt, stride_xc, start, first, state_row, stride_sc, stride_si, c, c_ok, mask,
+                    w_ptr, stride_wc, stride_wi, WIDTH, HAS_STATE)
     out = _activate(acc, SILU)
-    tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_ot + c[None, :] * stride_oc,
-             out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_ot + c * stride_oc, out.to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
