@@ -20,10 +20,13 @@ claims; if a new torch build breaks one, that test fails before any oracle can l
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 __all__ = [
     "ROW_TILE",
+    "relaxed",
     "linear",
     "bmm",
     "sigmoid",
@@ -34,6 +37,19 @@ __all__ = [
 ]
 
 ROW_TILE = 64
+_RELAXED = [False]
+
+
+@contextmanager
+def relaxed():
+    """Inside: ``linear`` is one plain matmul (not batch-invariant). For training code only; the
+    engine never enters it. Not thread-safe: it is a process-wide switch."""
+    before = _RELAXED[0]
+    _RELAXED[0] = True
+    try:
+        yield
+    finally:
+        _RELAXED[0] = before
 SOFTPLUS_THRESHOLD = 20.0
 
 
@@ -41,10 +57,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [..., in], computed in fixed tiles of ``ROW_TILE`` rows.
 
     Every tile is one gemm of shape [ROW_TILE, in] x [in, out], so a row's result is the same
-    whether it is computed alone or inside any batch. Under autograd (training, where nothing is
-    compared bit for bit) it is one differentiable matmul: ``out=`` gemms record no gradient.
+    whether it is computed alone or inside any batch. Under autograd or inside ``relaxed()``
+    (training and its evaluations, where nothing is compared bit for bit) it is one matmul:
+    ``out=`` gemms record no gradient, and tiles cost a launch each on a GPU.
     """
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+    if _RELAXED[0] or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return x @ weight.t()
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])

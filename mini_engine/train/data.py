@@ -163,12 +163,17 @@ def draw_examples(mix: dict[str, int], seed: int, step: int) -> list[Example]:
 
 
 def collate(examples: Sequence[Example], device: torch.device | str = "cpu"):
-    """(token tensors, media rows per sequence, packed answer labels, packed next-token labels)."""
-    tokens = [torch.tensor(e.ids, device=device) for e in examples]
+    """(tokens [B, T] right-padded, media rows per sequence, answer labels [B, T], next-token labels
+    [B, T]); padding positions are labelled IGNORE."""
+    def padded(rows: list[list[int]], value: int) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [value] * (width - len(r)) for r in rows], device=device)
+
+    tokens = padded([list(e.ids) for e in examples], 0)
+    answer = padded([list(e.answer_labels) for e in examples], IGNORE)
+    following = padded([list(e.ids[1:]) + [IGNORE] for e in examples], IGNORE)
     media = [None if not e.media else
              (torch.tensor([p for p, _ in e.media], device=device),
               torch.stack([media_features(item) for _, item in e.media]).to(device))
              for e in examples]
-    answer = torch.tensor([label for e in examples for label in e.answer_labels], device=device)
-    following = torch.cat([torch.cat([t[1:], t.new_tensor([IGNORE])]) for t in tokens])
     return tokens, media, answer, following

@@ -1,6 +1,6 @@
 """Per-family probe accuracy: greedy, cold, each probe as the harness sends it.
 
-Two ways to ask, same probes: ``recompute`` runs the training forward over the whole sequence for
+Two ways to ask, same probes: ``recompute`` runs the dense training forward over the whole sequence for
 every new token (any device, no cache at all: what the training loop uses between steps), and
 ``engine`` submits each probe alone to a ``mini_engine`` engine with its prefix cache off (the cold
 accuracy the harness's ground truth relies on).
@@ -16,7 +16,8 @@ import torch
 from mini_engine.model.hybrid import HybridModel
 from mini_engine.model.media import media_features
 from mini_engine.model.tokenizer import ByteTokenizer
-from mini_engine.train.forward import sequence_logits
+from mini_engine.ops import invariant as inv
+from mini_engine.train.forward import dense_logits, pad_batch
 
 __all__ = ["FamilyScore", "ask_engine", "ask_recompute", "eval_probes", "score"]
 
@@ -49,26 +50,29 @@ def eval_probes(family: str, seed: int, count: int, **settings):
 
 
 def ask_recompute(model: HybridModel, probes: Sequence, *, device: torch.device | str = "cpu") -> list[str]:
-    """Greedy outputs (special tokens dropped), all probes in one batch, recomputed from scratch per token."""
+    """Greedy outputs (special tokens dropped), all probes in one batch, recomputed from scratch per
+    token with the dense training forward."""
     stops = set(_TOKENIZER.eos_token_ids)
     seqs = [_TOKENIZER.encode(p.text) for p in probes]
     media = [None if not p.media else
              (torch.tensor([i for i, t in enumerate(ids) if t == _TOKENIZER.media_token_id], device=device),
               torch.stack([media_features(m) for m in p.media]).to(device)) for p, ids in zip(probes, seqs)]
     outputs: list[list[int]] = [[] for _ in probes]
-    live = [i for i in range(len(probes))]
+    live = list(range(len(probes)))
     was_training = model.training
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), inv.relaxed():
         for _ in range(max((p.max_tokens for p in probes), default=0)):
             live = [i for i in live if len(outputs[i]) < probes[i].max_tokens
                     and not (outputs[i] and outputs[i][-1] in stops)]
             if not live:
                 break
-            tokens = [torch.tensor(seqs[i] + outputs[i], device=device) for i in live]
-            logits = sequence_logits(model, tokens, [media[i] for i in live])
-            ends = torch.tensor([t.numel() for t in tokens]).cumsum(0) - 1
-            for i, token in zip(live, logits[ends.to(logits.device)].argmax(-1).tolist()):
+            rows = [seqs[i] + outputs[i] for i in live]
+            logits = dense_logits(model, pad_batch([torch.tensor(r, device=device) for r in rows]),
+                                  [media[i] for i in live])
+            last = logits[torch.arange(len(rows), device=logits.device),
+                          torch.tensor([len(r) - 1 for r in rows], device=logits.device)]
+            for i, token in zip(live, last.argmax(-1).tolist()):
                 outputs[i].append(token)
     model.train(was_training)
     return [_TOKENIZER.decode(o, skip_special=True) for o in outputs]

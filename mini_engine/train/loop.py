@@ -25,7 +25,7 @@ from mini_engine.model.hybrid import HybridModel
 from mini_engine.model.loader import load_pretrained, save_pretrained
 from mini_engine.train.data import IGNORE, collate, draw_examples
 from mini_engine.train.evaluate import ask_recompute, eval_probes, score
-from mini_engine.train.forward import sequence_logits
+from mini_engine.train.forward import dense_logits
 from mini_engine.train.recipe import Recipe
 
 __all__ = ["TrainResult", "earlier_stages", "train"]
@@ -100,7 +100,8 @@ def train(recipe: Recipe, out: str | Path, *, seed: int = 0, steps: int | None =
             for group in optimizer.param_groups:
                 group["lr"] = _lr(recipe, step, progress)
             tokens, media, answer, following = collate(draw_examples(recipe.mix, seed, first_step + step), device)
-            logits = F.log_softmax(sequence_logits(model, tokens, media), -1)
+            logits = F.log_softmax(dense_logits(model, tokens, media), -1).flatten(0, 1)
+            answer, following = answer.flatten(), following.flatten()
             answer_loss = F.nll_loss(logits, answer, ignore_index=IGNORE)
             lm_loss = F.nll_loss(logits, torch.where(answer == IGNORE, following, IGNORE), ignore_index=IGNORE)
             loss = answer_loss + recipe.lm_weight * lm_loss
@@ -114,7 +115,7 @@ def train(recipe: Recipe, out: str | Path, *, seed: int = 0, steps: int | None =
                 first_loss = last_loss if step == 1 else first_loss
                 row = {"step": step, "answer_loss": last_loss, "lm_loss": float(lm_loss.detach()), "grad_norm": float(norm),
                        "lr": optimizer.param_groups[0]["lr"], "elapsed_s": round(time.perf_counter() - started, 2),
-                       "tokens": sum(t.numel() for t in tokens)}
+                       "tokens": int((following != IGNORE).sum()) + len(tokens)}
                 log.write(json.dumps(row) + "\n")
                 log.flush()
                 echo(f"step {step:6d}  answer loss {last_loss:.4f}  lm loss {row['lm_loss']:.3f}  "

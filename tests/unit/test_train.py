@@ -12,7 +12,8 @@ from mini_engine.model import ByteTokenizer, build_builtin, load_pretrained
 from mini_engine.train import get_recipe
 from mini_engine.train.data import IGNORE, Segment, build_example, collate, draw_examples
 from mini_engine.train.evaluate import ask_engine, ask_recompute, eval_probes
-from mini_engine.train.forward import sequence_logits
+from mini_engine.ops import invariant as inv
+from mini_engine.train.forward import dense_logits, sequence_logits
 from mini_engine.train.loop import train
 
 TOKENIZER = ByteTokenizer()
@@ -57,20 +58,34 @@ def test_the_training_forward_is_the_inference_forward_from_position_zero(tiny_m
         assert torch.equal(sequence_logits(tiny_model, tokens), torch.cat([o.logits for o in cold]))
 
 
+def test_the_dense_forward_computes_what_the_packed_reference_computes(tiny_model):
+    """Right padding changes no real position; every op of the dense form matches its reference."""
+    examples = draw_examples({"arithmetic": 2, "media": 1, "needle": 1}, 0, 0)
+    tokens, media, _, _ = collate(examples)
+    lengths = [len(e.ids) for e in examples]
+    assert len(set(lengths)) > 1  # the padding is exercised
+    with torch.no_grad():
+        packed = sequence_logits(tiny_model, [tokens[i, :n] for i, n in enumerate(lengths)], media)
+        with inv.relaxed():
+            dense = dense_logits(tiny_model, tokens, media)
+    dense = torch.cat([dense[i, :n] for i, n in enumerate(lengths)])
+    assert ((dense - packed).norm() / packed.norm()).item() < 1e-5
+
+
 def test_gradients_reach_every_parameter():
     model = build_builtin("tiny-random").train()
     tokens, media, answer, following = collate(draw_examples({"media": 1, "arithmetic": 1}, 0, 0))
-    logits = sequence_logits(model, tokens, media)
-    torch.nn.functional.cross_entropy(logits, following, ignore_index=IGNORE).backward()
+    logits = dense_logits(model, tokens, media)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), following.flatten(), ignore_index=IGNORE).backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
     assert missing == []
 
 
 def _batch_loss(model, examples) -> float:
     tokens, media, answer, _ = collate(examples)
-    with torch.no_grad():
-        return float(torch.nn.functional.cross_entropy(sequence_logits(model, tokens, media), answer,
-                                                       ignore_index=IGNORE))
+    with torch.no_grad(), inv.relaxed():
+        logits = dense_logits(model, tokens, media)
+    return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), answer.flatten(), ignore_index=IGNORE))
 
 
 def test_a_few_cpu_steps_lower_the_loss_and_the_checkpoint_round_trips(tmp_path):
