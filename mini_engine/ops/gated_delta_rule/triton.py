@@ -108,6 +108,7 @@ def _block(x4, I: tl.constexpr, J: tl.constexpr):
 
 @triton.jit
 def _place(x4, block, I: tl.constexpr, J: tl.constexpr):
+    """x4 with block (I, J) replaced by a [16, 16] block."""
     b = tl.arange(0, 4)
     hit = (b == I)[:, None, None, None] & (b == J)[None, None, :, None]
     return tl.where(hit, block[None, :, None, :], x4)
@@ -136,8 +137,7 @@ def _inverse(l):
     diagonal = _invert_diagonal_blocks(l4)
     b = tl.arange(0, 4)
     x4 = tl.where((b[:, None] == b[None, :])[:, None, :, None], diagonal[:, :, None, :], 0.0)
-    x00, x11 = tl.sum(tl.where((b == 0)[:, None, None], diagonal, 0.0), axis=0), _block(x4, 1, 1)
-    x22, x33 = _block(x4, 2, 2), _block(x4, 3, 3)
+    x00, x11, x22, x33 = _block(x4, 0, 0), _block(x4, 1, 1), _block(x4, 2, 2), _block(x4, 3, 3)
     l21, l31, l32 = _block(l4, 2, 1), _block(l4, 3, 1), _block(l4, 3, 2)
     x10 = -_dot(x11, _dot(_block(l4, 1, 0), x00))
     x21 = -_dot(x22, _dot(l21, x11))
