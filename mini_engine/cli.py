@@ -24,7 +24,7 @@ def engine_options(command):
 
     options = [
         click.option("--model", "model_name", default=None, metavar="NAME|DIR",
-                     help="Built-in model name (default: tiny-random) or a Hugging Face checkpoint folder."),
+                     help="Model name (default: probe-tiny, trained; tiny-random: seeded random) or a Hugging Face checkpoint folder."),
         click.option("--overlap", is_flag=True, help="Overlap scheduling: build batch N+1 while batch N runs."),
         click.option("--device-seed", type=int, default=0, show_default=True, help="Seed of the simulated device."),
         click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
@@ -124,20 +124,29 @@ def serve(model_name: str | None, overlap: bool, device_seed: int, faults: tuple
 @click.option("--device", default=None, help="torch device (default: cuda if available, else cpu).")
 @click.option("--final-eval", type=click.IntRange(min=0), default=64, show_default=True,
               help="Validation probes per family after training (greedy, recomputed).")
+@click.option("--mix", default=None, metavar="FAMILY=N,...",
+              help="Examples of each family per step, replacing the recipe's mix (e.g. arithmetic=32,media=16).")
 @click.option("--init", "init_from", type=click.Path(exists=True, file_okay=False), default=None,
               help="Continue from this checkpoint (written by an earlier train) instead of fresh weights.")
 def train(recipe_name: str, out: str, seed: int, steps: int | None, time_limit: float | None, device: str | None,
-          final_eval: int, init_from: str | None) -> None:
+          final_eval: int, mix: str | None, init_from: str | None) -> None:
     """Train a hybrid model on the probe grammar and save a Hugging Face-style checkpoint in OUT."""
     import torch
 
-    from mini_engine.train import get_recipe
+    from dataclasses import replace
+
+    from mini_engine.train import get_recipe, parse_mix
     from mini_engine.train.loop import earlier_stages, train as run_training
 
     try:
         recipe = get_recipe(recipe_name)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--recipe") from None
+    if mix is not None:
+        try:
+            recipe = replace(recipe, mix=parse_mix(mix))
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--mix") from None
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         torch.empty(0, device=device)

@@ -15,7 +15,7 @@ DONATE_POLICIES = ("copy", "transfer")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # built-in name (default tiny-random) or checkpoint folder
+    model: str | None = None  # model name (default probe-tiny; tiny-random) or checkpoint folder
     device: str = "sim"
     device_seed: int = 0
     page_size: int = 16

@@ -4,6 +4,6 @@ The only part of ``mini_engine`` that reads the harness's ``probes`` package (it
 the training data); the engine itself never imports it.
 """
 
-from mini_engine.train.recipe import RECIPES, Recipe, get_recipe
+from mini_engine.train.recipe import RECIPES, Recipe, get_recipe, parse_mix
 
-__all__ = ["RECIPES", "Recipe", "get_recipe"]
+__all__ = ["RECIPES", "Recipe", "get_recipe", "parse_mix"]

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from mini_engine.model.builtin import builtin_config
 from mini_engine.model.config import ModelConfig
 
-__all__ = ["RECIPES", "Recipe", "get_recipe"]
+__all__ = ["RECIPES", "Recipe", "get_recipe", "parse_mix"]
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,18 @@ def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; known: {', '.join(sorted(RECIPES))}")
     return RECIPES[name]
+
+
+def parse_mix(text: str) -> dict[str, int]:
+    """``"arithmetic=32,media=16"`` -> ``{"arithmetic": 32, "media": 16}``; ValueError naming the bad part."""
+    from mini_engine.train.data import FAMILY_MAKERS
+
+    mix = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        family, _, count = part.partition("=")
+        if family not in FAMILY_MAKERS or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"{part!r}: write FAMILY=N with N >= 1 and FAMILY one of {sorted(FAMILY_MAKERS)}")
+        mix[family] = int(count)
+    if not mix:
+        raise ValueError("the mix names no family")
+    return mix
