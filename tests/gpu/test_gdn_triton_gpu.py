@@ -21,15 +21,6 @@ LENGTHS = [1, 63, 0, 64, 65, 130, 1000, 4097]
 HEADS = dict(hk=4, hv=8, k_dim=128, v_dim=128)
 
 
-@pytest.fixture(autouse=True)
-def no_tf32():
-    """The fp32 reference must not use TF32 either."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("source", ["none", "tensor", "pool"])
 def test_prefill(dtype, source):

@@ -24,15 +24,6 @@ PAGED = [dict(page_size=16, head_dim=128), dict(page_size=64, head_dim=256)]
 ENGINE_STATE = dict(n_slots=12, layers=3, conv=(6144, 3), rec=(16, 128, 128), width=6176)
 
 
-@pytest.fixture(autouse=True)
-def no_tf32():
-    """The fp32 references must not use TF32 either."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("pooled", [False, True])
 def test_conv_prefill(dtype, pooled):
