@@ -62,10 +62,15 @@ class GatedDeltaNet(nn.Module):
         q, k, v = conv.output.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = inv.l2_normalize(q.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
         k = inv.l2_normalize(k.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
-        beta = inv.sigmoid(inv.linear(h, self.in_proj_b.weight))
-        g = -torch.exp(self.A_log.float()) * inv.softplus(inv.linear(h, self.in_proj_a.weight) + self.dt_bias)
+        g, beta = self.gates(h)
         rows = torch.cat([q, k, v, g, beta], dim=-1)
         return rows, inv.linear(h, self.in_proj_z.weight), mixed, conv.final_state
+
+    def gates(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per token and value head: the log-decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``."""
+        beta = inv.sigmoid(inv.linear(h, self.in_proj_b.weight))
+        g = -torch.exp(self.A_log.float()) * inv.softplus(inv.linear(h, self.in_proj_a.weight) + self.dt_bias)
+        return g, beta
 
     def _split(self, rows: torch.Tensor):
         q, k, v, g, beta = rows.split([self.key_dim, self.key_dim, self.value_dim, self.hv, self.hv], dim=-1)

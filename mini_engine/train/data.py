@@ -23,7 +23,7 @@ import torch
 from mini_engine.model.media import media_features
 from mini_engine.model.tokenizer import ByteTokenizer
 
-__all__ = ["Example", "FAMILY_MAKERS", "IGNORE", "Segment", "build_example", "collate", "draw_examples"]
+__all__ = ["Example", "FAMILY_MAKERS", "IGNORE", "Segment", "build_example", "collate", "draw_examples", "media_rows"]
 
 IGNORE = -100
 _TOKENIZER = ByteTokenizer()
@@ -172,8 +172,12 @@ def collate(examples: Sequence[Example], device: torch.device | str = "cpu"):
     tokens = padded([list(e.ids) for e in examples], 0)
     answer = padded([list(e.answer_labels) for e in examples], IGNORE)
     following = padded([list(e.ids[1:]) + [IGNORE] for e in examples], IGNORE)
-    media = [None if not e.media else
-             (torch.tensor([p for p, _ in e.media], device=device),
-              torch.stack([media_features(item) for _, item in e.media]).to(device))
-             for e in examples]
+    media = [media_rows([p for p, _ in e.media], [item for _, item in e.media], device) for e in examples]
     return tokens, media, answer, following
+
+
+def media_rows(positions: Sequence[int], items: Sequence[bytes], device: torch.device | str = "cpu"):
+    """The model's media entry of one sequence (placeholder rows, their features), or None without media."""
+    if not items:
+        return None
+    return (torch.tensor(list(positions), device=device), torch.stack([media_features(m) for m in items]).to(device))

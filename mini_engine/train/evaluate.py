@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from mini_engine.model.hybrid import HybridModel
-from mini_engine.model.media import media_features
 from mini_engine.model.tokenizer import ByteTokenizer
 from mini_engine.ops import invariant as inv
+from mini_engine.train.data import media_rows
 from mini_engine.train.forward import dense_logits, pad_batch
 
 __all__ = ["FamilyScore", "ask_engine", "ask_recompute", "eval_probes", "score"]
@@ -54,9 +54,8 @@ def ask_recompute(model: HybridModel, probes: Sequence, *, device: torch.device 
     token with the dense training forward."""
     stops = set(_TOKENIZER.eos_token_ids)
     seqs = [_TOKENIZER.encode(p.text) for p in probes]
-    media = [None if not p.media else
-             (torch.tensor([i for i, t in enumerate(ids) if t == _TOKENIZER.media_token_id], device=device),
-              torch.stack([media_features(m) for m in p.media]).to(device)) for p, ids in zip(probes, seqs)]
+    media = [media_rows([i for i, t in enumerate(ids) if t == _TOKENIZER.media_token_id], p.media, device)
+             for p, ids in zip(probes, seqs)]
     outputs: list[list[int]] = [[] for _ in probes]
     live = list(range(len(probes)))
     was_training = model.training

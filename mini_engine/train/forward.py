@@ -75,8 +75,7 @@ def _dense_gdn(gdn, h: torch.Tensor) -> torch.Tensor:
     q = inv.l2_normalize(q.reshape(n_batch, length, gdn.hk, gdn.dk))
     k = inv.l2_normalize(k.reshape(n_batch, length, gdn.hk, gdn.dk))
     v = v.reshape(n_batch, length, gdn.hv, gdn.dv)
-    beta = inv.sigmoid(inv.linear(h, gdn.in_proj_b.weight))
-    g = -torch.exp(gdn.A_log.float()) * inv.softplus(inv.linear(h, gdn.in_proj_a.weight) + gdn.dt_bias)
+    g, beta = gdn.gates(h)
     core = _dense_chunk_rule(q, k, v, g, beta)
     return gdn._output(core.reshape(-1, gdn.hv, gdn.dv), inv.linear(h, gdn.in_proj_z.weight)).reshape(n_batch, length, -1)
 
