@@ -104,7 +104,10 @@ def _arithmetic(rng: random.Random, seed: int) -> Example:
         segments = [Segment(filler(rng.randint(0, 700), rng.getrandbits(31)) + "\n")]
     else:
         segments = [Segment(PREAMBLE)]
-    for i in range(rng.randint(1, 4)):  # a follow-up chain: each answer, a new line, the next question
+    # A follow-up chain: each answer, a new line, the next question. Long chains carry many questions
+    # in one sequence (the batch's length is set by the needle haystacks anyway, so they cost little).
+    chain = rng.randint(1, 4) if rng.random() < 0.3 else rng.randint(8, 24)
+    for i in range(chain):
         text, answer = ask(i)
         segments += [Segment(("" if i == 0 else "\n") + text), Segment(" " + answer, answer=True, end=ENDOFTEXT)]
     return build_example("arithmetic", segments)

@@ -19,6 +19,8 @@ ATTRIBUTES = {
     "color": ("red", "blue", "green", "yellow", "purple", "orange"),
     "shape": ("circle", "square", "triangle", "star", "hexagon", "diamond"),
 }
+# Room for the longest answer word after its leading space, and the end of the reply (bytes are tokens).
+MAX_TOKENS = max(len(v) for values in ATTRIBUTES.values() for v in values) + 4
 INSTRUCTION = (
     "The media item above encodes a single object with a color and a shape. Look at the item itself, "
     "not at anything said about earlier items, and answer the question about it with one lower-case word.\n"
@@ -49,7 +51,7 @@ def generate(seed: int, count: int, *, attributes: tuple[str, ...] = ("color", "
         for side, values in (("A", a), ("B", b)):
             probes.append(Probe(id=f"{pid}/{side}", family="media", expected=values[attribute],
                                 extract="exact_word", group=f"media/{tag}/{attribute}", prompt=prompt,
-                                media=(media_item(values),), max_tokens=6))
+                                media=(media_item(values),), max_tokens=MAX_TOKENS))
     return tuple(probes[:count])
 
 
