@@ -9,6 +9,9 @@ belief. For a corrupted request the decision list is::
     restore ran before the donation's clone landed?    -> restore-raced
     restored slot != the bytes the restore read?       -> restore-incomplete (the copy itself dropped state)
     restored bytes != donated bytes?                   -> poisoned-after-donate (late write / alias)
+    the clone read its source after the donor freed
+      it, and not the bytes the donor's forward wrote? -> freed-in-flight (the next owner's write overtook
+                                                          the clone: a free that forgot the op in flight)
     donated bytes != the prefix's cold reference?      -> bad-at-donate (writer bug; ``inherited``
                                                           when the donor was itself corrupted)
     a decode step read page mappings != staged?        -> stale-metadata
@@ -42,6 +45,7 @@ HYPOTHESES = {
     "cow-violation": "shared page written without copy-on-write",
     "evicted-under-lock": "snapshot evicted while locked",
     "restore-incomplete": "restore copied only part of the state",
+    "freed-in-flight": "slot freed and handed on while a donation clone still had to read it",
     "key-or-payload": "client payload or cache key wrong",
 }
 
@@ -166,6 +170,11 @@ def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
         writes = [w for t in ("slot_write", "snapshot_write")
                   for w in book.find(t, after=donation["seq"], before=seq, slot=src)]
         return Verdict(rid, "poisoned-after-donate", (donation, donated, *writes[:2], read), tuple(checked), window)
+    if donated is not None and donated["type"] == "clone_written":
+        checked.append("freed-in-flight")
+        freed = _freed_under_clone(book, donation, donated)
+        if freed:
+            return Verdict(rid, "freed-in-flight", (donation, *freed, donated, read), tuple(checked), window)
     if bad_at_donate:
         proof = (donation, *([donated] if donated else []), *reference[-1:], read)
         return Verdict(rid, "bad-at-donate", proof, tuple(checked), window)
@@ -184,6 +193,22 @@ def _donated_bytes(book: _Ledger, donation: Row) -> Row | None:
     writes = [w for t in ("slot_write", "snapshot_write")
               for w in book.find(t, before=seq, slot=slot, position=donation["position"])]
     return max(writes, key=lambda w: w["seq"]) if writes else None
+
+
+def _freed_under_clone(book: _Ledger, donation: Row, clone: Row) -> list[Row]:
+    """The donor's snapshot write into the clone's source, the source's free and its next alloc, when the
+    slot was freed before the clone read it and the clone read other bytes than that write left (the
+    next owner's first write ran first). Empty when the clone read what the donor wrote, or when no
+    forward of the donor wrote that snapshot (a writer bug, not a reuse)."""
+    src, read = clone["src"], clone.get("src_checksum", clone["checksum"])
+    writes = book.find("snapshot_write", before=clone["seq"], rid=donation["rid"], slot=src,
+                       position=donation["position"])
+    if not writes or writes[-1]["checksum"] == read:
+        return []
+    frees = book.find("free", after=writes[-1]["seq"], before=clone["seq"], slot=src)
+    if not frees:
+        return []
+    return [writes[-1], frees[0], *book.find("alloc", after=frees[0]["seq"], before=clone["seq"], slot=src)[:1]]
 
 
 def _sibling_rows(book: _Ledger, rid: str, type_: str) -> list[Row]:

@@ -11,9 +11,13 @@ Why each cell's setting (DESIGN.md §4 gives the signatures):
 
     donate=transfer        follow-up turns restore the live slot donated at finish; 1-token pages
                            make every early stop page-aligned, overlap keeps a decode in flight
-    admission_barrier=off  hits one step after a fresh donation: a restore can overtake the donation
-                           clone (a race of the device's scheduling, so many small rounds = many
-                           device seeds)
+    admission_barrier=off  eight fresh prefixes donated in one step, a hit on each one step later,
+                           newest first: the first restores queued race the clones deepest in the
+                           copy queue (a race of the device's scheduling, so one wave per round =
+                           one device seed each; 16 running admit all the hits at once). Donors ask
+                           two tokens: one would free their snapshot slots under the pending clones,
+                           and a hit's unfenced restore into such a slot is another bug's signature
+                           (freed-in-flight); the hits repeat their donor's request (one control)
     track_writer=off       any hit past a 64-token boundary restores a snapshot nobody wrote
     metadata_fence=off     media A/B keeps changing the decode page tables: a decode reads a table
                            whose upload has not landed
@@ -23,9 +27,19 @@ Why each cell's setting (DESIGN.md §4 gives the signatures):
     media_key=off          media A/B alternation over the same text
     clean                  every pattern, overlap on, every safeguard on: must find nothing
 
+Outside the catalogue (run only when named):
+
+    restore_rec=off        every pattern, nothing tuned for it
+    free_unfenced=on       every pattern missed it (0/14 hits: the op in flight at a free was a
+                           forward on the compute stream, where the next owner's writes queue
+                           anyway); free-reuse, built from that ledger, frees donors' snapshot slots
+                           under their pending clones and hands them to newcomers at once (one
+                           wave per fresh engine: the slot layout it relies on)
+
 The quick matrix (``--quick``) runs each cell for its ``quick`` request count: the embedded engine
 is a function of its seeds, so at the default seed 0 those counts are what each cell needs to show
-its fault (admission_barrier=off first fails at request 32, evict_locked=on at 14), with a margin.
+its fault (admission_barrier=off first fails at request 9, evict_locked=on at 14, free_unfenced=on
+at 17), with a margin.
 Another seed may need more: the timed matrix (``--budget``) is the measurement.
 """
 
@@ -45,7 +59,7 @@ __all__ = ["CELLS", "CLEAN", "Cell", "run_matrix"]
 
 CLEAN = "clean"
 ALL_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
-                "media-ab", "donate-hit")
+                "media-ab", "donate-hit", "free-reuse")
 
 
 @dataclass(frozen=True)
@@ -71,19 +85,20 @@ _PRESSURE = {"max_running": 2, "num_slots": 6}
 CELLS: dict[str, Cell] = {cell.name: cell for cell in (
     Cell("donate=transfer", ("donate=transfer",), ("follow-up",), "poisoned-after-donate",
          {"overlap": True, "page_size": 1, "num_pages": 8192}),
-    Cell("admission_barrier=off", ("admission_barrier=off",), ("donate-hit",), "restore-raced",
-         settings=(("gap", 8), ("hits", 4), ("settle", 6)), round_size=6, quick=42),
+    Cell("admission_barrier=off", ("admission_barrier=off",), ("donate-hit",), "restore-raced", {"max_running": 16},
+         settings=(("hits", 1), ("max_tokens", 2), ("prefix_tokens", 70), ("prefixes", 8), ("repeat", True)),
+         round_size=16, quick=32),
     Cell("track_writer=off", ("track_writer=off",), ("alternate-abandon",), "bad-at-donate"),
     Cell("metadata_fence=off", ("metadata_fence=off",), ("media-ab",), "stale-metadata"),
     Cell("page_cow=off", ("page_cow=off",), ("branch-fanout",), "cow-violation", settings=(("sampled", 1.0),)),
     Cell("evict_locked=on", ("evict_locked=on",), ("donate-hit",), "evicted-under-lock", _PRESSURE,
          settings=(("hits", 0),), round_size=6, quick=18),
     Cell("media_key=off", ("media_key=off",), ("media-ab",), "key-or-payload"),
-    Cell(CLEAN, (), ALL_PATTERNS, None, _OVERLAP, round_size=4, quick=32),
-    # outside the catalogue: every pattern, nothing tuned for them
-    Cell("restore_rec=off", ("restore_rec=off",), ALL_PATTERNS, "restore-incomplete", round_size=4, quick=32,
+    Cell(CLEAN, (), ALL_PATTERNS, None, _OVERLAP, round_size=4, quick=36),
+    # outside the catalogue (see the docstring)
+    Cell("restore_rec=off", ("restore_rec=off",), ALL_PATTERNS, "restore-incomplete", round_size=4, quick=36,
          extra=True),
-    Cell("free_unfenced=on", ("free_unfenced=on",), ALL_PATTERNS, None, _OVERLAP, round_size=4, quick=32,
+    Cell("free_unfenced=on", ("free_unfenced=on",), ("free-reuse",), "freed-in-flight", round_size=22, quick=44,
          extra=True),
 )}
 

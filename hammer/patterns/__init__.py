@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hammer.patterns import (alternate_abandon, branch_fanout, chunk_boundary, donate_hit, follow_up, media_ab,
-                             mix, multi_turn, saturate)
+from hammer.patterns import (alternate_abandon, branch_fanout, chunk_boundary, donate_hit, follow_up, free_reuse,
+                             media_ab, mix, multi_turn, saturate)
 from hammer.patterns.op import CONTROL_ARM, HAMMER_ARM, Op, with_controls
 
 __all__ = ["CONTROL_ARM", "HAMMER_ARM", "Op", "PATTERNS", "generate_ops", "hazard", "with_controls"]
 
 _PART_MODULES = (alternate_abandon, saturate, branch_fanout, chunk_boundary, media_ab, multi_turn, follow_up,
-                 donate_hit)
+                 donate_hit, free_reuse)
 _PARTS = {module.NAME: module.generate for module in _PART_MODULES}
 PATTERNS: dict[str, Callable[..., tuple[Op, ...]]] = {**_PARTS, mix.NAME: mix.make_generate(_PARTS)}
 _HAZARDS = {module.NAME: module.__doc__.strip() for module in (*_PART_MODULES, mix)}

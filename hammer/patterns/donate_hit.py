@@ -8,6 +8,9 @@ eviction that ignores snapshot locks frees the snapshot a hit holds but has not 
 Each wave uses a new prefix, so every wave donates afresh: the warm request, hits one tick later
 (their restores queue behind the donation clone), and once the warm request has finished, a late
 hit and the newcomer admitted in the same step (the newcomer's slots come from eviction).
+``prefixes`` > 1 warms several fresh prefixes in the same tick: their clones queue one behind
+another on the copy stream, and the hits come newest donation first, so the first restore queued
+races the clone deepest in that queue.
 """
 
 from __future__ import annotations
@@ -23,34 +26,55 @@ NAME = "donate-hit"
 
 
 def generate(seed: int, count: int, *, prefix_tokens: int = 130, hits: int = 2, newcomer_tokens: int = 40,
-             settle: int = 8, gap: int = 12) -> tuple[Op, ...]:
-    """Waves of ``hits + 3`` ops every ``gap`` ticks: the warm request (prefix + question 0) at the
-    wave's tick, ``hits`` hits (prefix + question k) one tick later, then, ``settle`` ticks after the
-    warm request (it has finished), one more hit and a newcomer (its own filler) together."""
-    if prefix_tokens < 64 or hits < 0 or newcomer_tokens < 1 or not 1 < settle < gap:
-        raise ValueError(f"{NAME}: need prefix_tokens >= 64 (a snapshot to donate), hits >= 0, newcomer_tokens >= 1 "
-                         f"and 1 < settle < gap; got prefix_tokens={prefix_tokens}, hits={hits}, "
-                         f"newcomer_tokens={newcomer_tokens}, settle={settle}, gap={gap}")
-    per_wave = hits + 3
+             settle: int = 8, gap: int = 12, prefixes: int = 1, max_tokens: int | None = None,
+             repeat: bool = False) -> tuple[Op, ...]:
+    """Waves of ``prefixes * (hits + 1) + 2`` ops every ``gap`` ticks: one warm request per prefix
+    (prefix + question 0) at the wave's tick, ``hits`` hits per prefix (prefix + question k) one tick
+    later, the newest prefix's first, then, ``settle`` ticks after the warm requests (they have
+    finished), one more hit on the first prefix and a newcomer (its own filler) together.
+    ``max_tokens``: what every op asks (default: each probe's answer length + 4); ``repeat``: the
+    hits one tick later ask their warm request's own question (the same request again, so one
+    control serves both)."""
+    if (prefix_tokens < 64 or hits < 0 or newcomer_tokens < 1 or not 1 < settle < gap or prefixes < 1
+            or (max_tokens is not None and max_tokens < 1)):
+        raise ValueError(f"{NAME}: need prefix_tokens >= 64 (a snapshot to donate), hits >= 0, newcomer_tokens >= 1, "
+                         f"1 < settle < gap, prefixes >= 1 and max_tokens >= 1; got prefix_tokens={prefix_tokens}, "
+                         f"hits={hits}, newcomer_tokens={newcomer_tokens}, settle={settle}, gap={gap}, "
+                         f"prefixes={prefixes}, max_tokens={max_tokens}")
+    warm, racing = prefixes, prefixes * hits
+    per_wave = warm + racing + 2
     ops = []
     for i in range(count):
         wave, k = divmod(i, per_wave)
         start = wave * gap
-        prefix = filler(prefix_tokens, seed * 7919 + wave)
-        if k == 0:
-            probe, at = _probe(seed, wave, k, prefix), start
-        elif k <= hits + 1:  # the hits racing the donation, then the late hit
-            probe, at = _probe(seed, wave, k, prefix), start + (1 if k <= hits else settle)
+        if k < warm:
+            probe, at = _probe(seed, wave, k, 0, prefixes, prefix_tokens), start
+        elif k < warm + racing:  # newest prefix first: its clone waits deepest in the copy queue
+            j, h = divmod(k - warm, hits)
+            probe, at = _probe(seed, wave, prefixes - 1 - j, 0 if repeat else 1 + h, prefixes, prefix_tokens), start + 1
+        elif k == warm + racing:  # the late hit
+            probe, at = _probe(seed, wave, 0, hits + 1, prefixes, prefix_tokens), start + settle
         else:
-            probe, at = _probe(seed, wave, k, filler(newcomer_tokens, seed * 7919 + wave + 104729)), start + settle
-        ops.append(Op.from_probe(probe, request=op_id(NAME, seed, i), pattern=NAME, at=at))
+            probe, at = _newcomer(seed, wave, hits + 2, newcomer_tokens), start + settle
+        asked = {} if max_tokens is None else {"max_tokens": max_tokens}
+        ops.append(Op.from_probe(probe, request=op_id(NAME, seed, i), pattern=NAME, at=at, **asked))
     return with_controls(sorted(ops, key=lambda op: op.at), f"{NAME}-{seed}")
 
 
-def _probe(seed: int, wave: int, k: int, prefix: str) -> Probe:
-    pid = f"{NAME}/{seed}/{wave}/{k}"
+def _probe(seed: int, wave: int, j: int, k: int, prefixes: int, prefix_tokens: int) -> Probe:
+    """Question ``k`` on prefix ``j`` of the wave (one prefix per wave: the ids and text of old)."""
+    pid = f"{NAME}/{seed}/{wave}" if prefixes == 1 else f"{NAME}/{seed}/{wave}.{j}"
+    return _question(f"{pid}/{k}", pid, filler(prefix_tokens, seed * 7919 + wave * prefixes + j))
+
+
+def _newcomer(seed: int, wave: int, k: int, tokens: int) -> Probe:
+    return _question(f"{NAME}/{seed}/{wave}/{k}", f"{NAME}/{seed}/{wave}",
+                     filler(tokens, seed * 7919 + wave + 104729))
+
+
+def _question(pid: str, group: str, prefix: str) -> Probe:
     text, answer = question(pid)
     body = prefix + "\n" + text
     assert count_tokens(body) > len(prefix)
-    return Probe(id=pid, family="arithmetic", expected=answer, extract="first_number", group=f"{NAME}/{seed}/{wave}",
+    return Probe(id=pid, family="arithmetic", expected=answer, extract="first_number", group=group,
                  max_tokens=len(answer) + 4, prompt=body)
