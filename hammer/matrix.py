@@ -21,7 +21,9 @@ Why each cell's setting (DESIGN.md §4 gives the signatures):
     track_writer=off       any hit past a 64-token boundary restores a snapshot nobody wrote
     metadata_fence=off     media A/B keeps changing the decode page tables: a decode reads a table
                            whose upload has not landed
-    page_cow=off           every fan-out request samples n = 2 choices that share a partial page
+    page_cow=off           every fan-out request samples n = 2 choices that share a partial page, at
+                           temperature 4: the choices must sample different tokens into that page,
+                           which a trained model's peaked distribution rarely does at 0.8
     evict_locked=on        two running requests and six slots: a late hit and a newcomer admitted
                            together, the newcomer's eviction takes the hit's locked snapshot
     media_key=off          media A/B alternation over the same text
@@ -90,7 +92,8 @@ CELLS: dict[str, Cell] = {cell.name: cell for cell in (
          round_size=16, quick=32),
     Cell("track_writer=off", ("track_writer=off",), ("alternate-abandon",), "bad-at-donate"),
     Cell("metadata_fence=off", ("metadata_fence=off",), ("media-ab",), "stale-metadata"),
-    Cell("page_cow=off", ("page_cow=off",), ("branch-fanout",), "cow-violation", settings=(("sampled", 1.0),)),
+    Cell("page_cow=off", ("page_cow=off",), ("branch-fanout",), "cow-violation",
+         settings=(("sampled", 1.0), ("temperature", 4.0))),
     Cell("evict_locked=on", ("evict_locked=on",), ("donate-hit",), "evicted-under-lock", _PRESSURE,
          settings=(("hits", 0),), round_size=6, quick=18),
     Cell("media_key=off", ("media_key=off",), ("media-ab",), "key-or-payload"),

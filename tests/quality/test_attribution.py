@@ -10,6 +10,18 @@ from forensics.attribute import attribute
 from forensics.ledger import validate_row
 from tests.engine import fault_schedules as fs
 
+
+def donors_freed_under_their_clones(seed: int, donors: int = 8, newcomers: int = 6) -> list[fs.Submit]:
+    """One-token donors free their snapshot slots in the step their clones are queued; identical cold
+    newcomers take those slots one step later; every donor's prompt is hit once all is quiet."""
+    rnd = fs.random.Random(seed)
+    prompts = [tuple(fs.tokens(rnd, 95)) for _ in range(donors)]
+    newcomer, one = tuple(fs.tokens(rnd, 95)), fs.SamplingParams(max_tokens=1)
+    return ([fs.Submit(f"d{j}", p, one) for j, p in enumerate(prompts)]
+            + [fs.Submit(f"n{k}", newcomer, one, at_step=1) for k in range(newcomers)]
+            + [fs.Submit(f"h{j}", p, fs.SamplingParams(max_tokens=4), at_step=4) for j, p in enumerate(prompts)])
+
+
 CASES = [  # fault, schedule, config, expected verdict, hypotheses that must be falsified
     ("donate=transfer", "transfer_schedule", {"overlap": True}, "poisoned-after-donate", ["bad-at-donate"]),
     ("track_writer=off", fs.donate_then_hit_later, {}, "bad-at-donate", ["poisoned-after-donate"]),
@@ -18,6 +30,8 @@ CASES = [  # fault, schedule, config, expected verdict, hypotheses that must be 
      "evicted-under-lock", []),
     ("metadata_fence=off", fs.donations_then_hits, {}, "stale-metadata", ["bad-at-donate"]),
     ("page_cow=off", fs.sampled_choices, {}, "cow-violation", []),
+    ("free_unfenced=on", donors_freed_under_their_clones, {}, "freed-in-flight",
+     ["bad-at-donate", "poisoned-after-donate"]),
 ]
 
 
@@ -88,3 +102,26 @@ def test_without_a_ledger_every_hypothesis_is_untested():
     assert [v.verdict for v in report.verdicts] == ["state-clean"]
     assert {h["status"] for h in report.hypotheses} == {"untested"}
     assert attribute([], ["r1"], echo_failed=["r1"]).verdicts[0].verdict == "key-or-payload"
+
+
+def test_a_clone_that_read_its_source_after_the_free_is_freed_in_flight_not_a_writer_bug():
+    """The donor wrote the reference bytes, freed the slot, its next owner took it, and only then did the clone
+    read it (other bytes): freed-in-flight, proven by the write, the free and the alloc; the same rows without
+    the free leave the bad donation unexplained by reuse (bad-at-donate)."""
+    rows = [{"type": "snapshot_write", "seq": 1, "rid": "donor", "slot": 8, "position": 64, "checksum": 11},
+            {"type": "clone", "seq": 2, "src": 8, "dst": 2},
+            {"type": "donate", "seq": 3, "rid": "donor", "slot": 2, "position": 64, "prefix": "p", "policy": "copy"},
+            {"type": "reference_state", "seq": 4, "prefix": "p", "position": 64, "checksum": 11},
+            {"type": "free", "seq": 5, "slot": 8, "owner": "donor", "role": "pingpong"},
+            {"type": "alloc", "seq": 6, "slot": 8, "owner": "newcomer", "role": "live"},
+            {"type": "clone_written", "seq": 7, "src": 8, "dst": 2, "position": 64, "src_checksum": 0, "checksum": 0},
+            {"type": "restore_read", "seq": 8, "rid": "victim", "src": 2, "dst": 5, "position": 64,
+             "src_checksum": 0, "checksum": 0}]
+    for row in rows:
+        validate_row(row)
+    (verdict,) = attribute(rows, ["victim"]).verdicts
+    assert verdict.verdict == "freed-in-flight"
+    assert [r["type"] for r in verdict.evidence] == ["donate", "snapshot_write", "free", "alloc", "clone_written",
+                                                     "restore_read"]
+    (unfreed,) = attribute([r for r in rows if r["type"] != "free"], ["victim"]).verdicts
+    assert unfreed.verdict == "bad-at-donate"

@@ -19,10 +19,11 @@ def matrix(tmp_path_factory):
 
 
 def test_the_matrix_covers_the_whole_catalogue():
-    """One cell per fault of the catalogue, plus the clean engine; each names the verdict it must get."""
+    """One cell per fault of the catalogue and per extra fault, plus the clean engine; each fault cell names the
+    verdict it must get."""
     assert {n for n, c in CELLS.items() if not c.extra} == {*FAULTS, CLEAN}
     assert {n for n, c in CELLS.items() if c.extra} == set(EXTRA_FAULTS)
-    assert all(cell.expected for cell in CELLS.values() if not cell.extra and cell.faults)
+    assert all(cell.expected for cell in CELLS.values() if cell.faults)
     assert CELLS[CLEAN].expected is None
 
 
@@ -63,11 +64,15 @@ def test_bad_matrix_options_name_the_option(tmp_path):
     assert both.exit_code == 2 and "--quick" in both.output
 
 
-def test_a_safeguard_outside_the_catalogue_is_caught_and_named(tmp_path):
-    """restore_rec=off (a restore that drops the recurrent state), against every pattern with nothing tuned
-    for it: detected, and attribution names the incomplete restore from its checksums."""
-    result = CliRunner().invoke(main, ["faults", "--quick", "--faults", "restore_rec=off", "--no-report",
-                                       "--out", str(tmp_path)])
+def test_safeguards_outside_the_catalogue_are_caught_and_named(tmp_path):
+    """restore_rec=off (a restore that drops the recurrent state; every pattern, nothing tuned for it) and
+    free_unfenced=on (a free that forgets the ops in flight; free-reuse): both detected, and attribution names
+    the incomplete restore and the slot freed under its pending clone from their checksums."""
+    result = CliRunner().invoke(main, ["faults", "--quick", "--faults", "restore_rec=off,free_unfenced=on",
+                                       "--no-report", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    (row,) = rows_of(tmp_path)
-    assert row["corrupted_hits"] >= 1 and row["top_verdict"] == "restore-incomplete" and row["top_share"] >= 0.95
+    rows = {row["cell"]: row for row in rows_of(tmp_path)}
+    assert rows["restore_rec=off"]["top_verdict"] == "restore-incomplete"
+    assert rows["free_unfenced=on"]["top_verdict"] == "freed-in-flight"
+    for row in rows.values():
+        assert row["corrupted_hits"] >= 1 and row["top_share"] >= 0.95, row
