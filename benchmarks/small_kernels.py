@@ -171,7 +171,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("small_kernels.py needs a CUDA device")
     rows = torch_copy()
-    conv, rec, pending = state_pools(n_slots=33)
+    conv, rec, pending = state_pools(n_slots=65)  # slot 0 + a batch of 64 distinct slots for the conv update
     rows += checksums(rec)
     rows += slot_copies(conv, rec, pending)
     rows += conv_update(conv)

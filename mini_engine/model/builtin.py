@@ -42,7 +42,7 @@ def _tiny_config() -> ModelConfig:
 
 BUILTIN_MODELS = {"tiny-random": _tiny_config}
 PACKAGED_MODELS = {"probe-tiny": Path(__file__).resolve().parent / "checkpoints" / "probe-tiny"}
-DEFAULT_MODEL = "tiny-random"  # probe-tiny answers needle/recall, not yet arithmetic (issue 10)
+DEFAULT_MODEL = "probe-tiny"
 
 
 def builtin_config(name: str) -> ModelConfig:

@@ -8,20 +8,21 @@ from click.testing import CliRunner
 from hammer.cli import main as hammer_main
 from mini_engine.cli import main as engine_main
 from mini_engine.generate import greedy_generate
+from mini_engine.model import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_generate_prints_tokens_and_matches_the_library(tiny_model, tokenizer):
-    """`mini-engine generate` prints the same greedy tokens the model computes cold and alone."""
+def test_generate_prints_tokens_and_matches_the_library(tokenizer):
+    """`mini-engine generate` prints the same greedy tokens the default model computes cold and alone."""
     result = CliRunner().invoke(engine_main, ["generate", "--prompt", "Hello there", "--max-tokens", "6"])
     assert result.exit_code == 0, result.output
-    expected = greedy_generate(tiny_model, tokenizer, "Hello there", 6)
+    expected = greedy_generate(load_model(), tokenizer, "Hello there", 6)
     assert f"token ids: {expected.token_ids}" in result.output
     assert f"generated: {len(expected.token_ids)} ({expected.finish_reason})" in result.output
 
 
-def test_generate_repeat_hits_the_cache(tiny_model, tokenizer):
+def test_generate_repeat_hits_the_cache(tokenizer):
     """--repeat 2 of a prompt spanning a 64-boundary reports cached_tokens 0, then 128, with identical tokens."""
     prompt = "The quick brown fox jumps over the lazy dog. " * 3  # 135 bytes
     result = CliRunner().invoke(engine_main, ["generate", "--prompt", prompt, "--max-tokens", "5", "--repeat", "2"])
@@ -29,7 +30,7 @@ def test_generate_repeat_hits_the_cache(tiny_model, tokenizer):
     cached = re.findall(r"cached_tokens: (\d+)", result.output)
     assert cached == ["0", "128"]
     ids = re.findall(r"token ids: (\[.*\])", result.output)
-    assert ids[0] == ids[1] == str(greedy_generate(tiny_model, tokenizer, prompt, 5).token_ids)
+    assert ids[0] == ids[1] == str(greedy_generate(load_model(), tokenizer, prompt, 5).token_ids)
 
 
 def test_generate_bad_options_name_the_option(tmp_path):
