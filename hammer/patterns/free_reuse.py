@@ -40,11 +40,11 @@ def generate(seed: int, count: int, *, donors: int = 8, newcomers: int = 6, pref
     control serves both; the reference oracle compares the logits that token came from -- raise it
     on a target that reports no logits digest). A donor's prompt must cross a 64-token boundary
     inside one prefill chunk: ``prefix_tokens`` >= 64 and the prompt under 128 tokens."""
-    if not 64 <= prefix_tokens <= 100 or donors < 1 or newcomers < 1 or newcomer_tokens < 1 or hit_tokens < 1 \
-            or not 1 < settle < gap:
-        raise ValueError(f"{NAME}: need 64 <= prefix_tokens <= 100 (one prefill chunk past a 64-boundary), donors >= 1, "
-                         f"newcomers >= 1, newcomer_tokens >= 1, hit_tokens >= 1 and 1 < settle < gap; got "
-                         f"prefix_tokens={prefix_tokens}, donors={donors}, newcomers={newcomers}, "
+    if (not 64 <= prefix_tokens <= 100 or min(donors, newcomers, newcomer_tokens, hit_tokens) < 1
+            or not 1 < settle < gap):
+        raise ValueError(f"{NAME}: need 64 <= prefix_tokens <= 100 (one prefill chunk past a 64-boundary), "
+                         f"donors >= 1, newcomers >= 1, newcomer_tokens >= 1, hit_tokens >= 1 and 1 < settle < gap; "
+                         f"got prefix_tokens={prefix_tokens}, donors={donors}, newcomers={newcomers}, "
                          f"newcomer_tokens={newcomer_tokens}, hit_tokens={hit_tokens}, settle={settle}, gap={gap}")
     per_wave = 2 * donors + newcomers
     ops = []
@@ -55,8 +55,9 @@ def generate(seed: int, count: int, *, donors: int = 8, newcomers: int = 6, pref
             probe, at, tokens = _donor(seed, wave, k, donors, prefix_tokens), start, 1
         elif k < donors + newcomers:
             probe, at, tokens = _newcomer(seed, wave, newcomer_tokens), start + 1, 1
-        else:
-            probe, at, tokens = _donor(seed, wave, k - donors - newcomers, donors, prefix_tokens), start + settle, hit_tokens
+        else:  # the hits, one per donor prefix, in the donors' order
+            probe = _donor(seed, wave, k - donors - newcomers, donors, prefix_tokens)
+            at, tokens = start + settle, hit_tokens
         ops.append(Op.from_probe(probe, request=op_id(NAME, seed, i), pattern=NAME, at=at, max_tokens=tokens))
     return with_controls(ops, f"{NAME}-{seed}")
 

@@ -1,5 +1,7 @@
 """The race patterns schedule what their hazards need: donations queued together, then the requests racing them."""
 
+import pytest
+
 from hammer.patterns import CONTROL_ARM, HAMMER_ARM, generate_ops
 from probes import count_tokens
 
@@ -44,3 +46,13 @@ def test_donate_hit_with_one_prefix_keeps_its_schedule():
     assert [op.at for op in hammer] == [0, 1, 1, 1, 1, 6, 6]
     assert len({op.text[:130] for op in hammer[:6]}) == 1 and hammer[6].text[:40] != hammer[0].text[:40]
     assert [op.probe.id for op in hammer[:2]] == ["donate-hit/0/0/0", "donate-hit/0/0/1"]
+
+
+
+@pytest.mark.parametrize("pattern, bad", [("free-reuse", {"prefix_tokens": 130}), ("free-reuse", {"settle": 1}),
+                                          ("donate-hit", {"prefixes": 0}), ("donate-hit", {"max_tokens": 0})])
+def test_race_pattern_settings_are_checked_and_named(pattern, bad):
+    """A donor prompt that cannot cross a 64-boundary in one chunk, hits not after the newcomers, no prefix, no
+    token: ValueError naming the pattern and the setting."""
+    with pytest.raises(ValueError, match=f"{pattern}.*{next(iter(bad))}"):
+        generate_ops(pattern, 0, 4, **bad)
