@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hammer.patterns.op import Op, op_id, with_controls
 from probes import Probe, count_tokens
-from probes.families.arithmetic import question
+from probes.families.arithmetic import probe
 from probes.families.needle import filler
 
 __all__ = ["NAME", "generate"]
@@ -73,8 +73,6 @@ def _newcomer(seed: int, wave: int, k: int, tokens: int) -> Probe:
 
 
 def _question(pid: str, group: str, prefix: str) -> Probe:
-    text, answer = question(pid)
-    body = prefix + "\n" + text
-    assert count_tokens(body) > len(prefix)
-    return Probe(id=pid, family="arithmetic", expected=answer, extract="first_number", group=group,
-                 max_tokens=len(answer) + 4, prompt=body)
+    asked = probe(pid, group, prefix + "\n")
+    assert count_tokens(asked.prompt) > len(prefix)
+    return asked

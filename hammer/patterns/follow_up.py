@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hammer.patterns.op import Op, op_id, with_controls
 from probes import Probe
-from probes.families.arithmetic import PREAMBLE, question
+from probes.families.arithmetic import PREAMBLE, probe
 
 __all__ = ["NAME", "REPLY_STOP", "generate"]
 
@@ -44,6 +44,4 @@ def generate(seed: int, count: int, *, conversations: int = 2, turns: int = 4, m
 def _turn(seed: int, conversation: int, turn: int) -> Probe:
     """Turn 0: the preamble and a question; later turns: a new line and the next question."""
     group = f"{NAME}/{seed}/{conversation}"
-    text, answer = question(f"{group}/{turn}")
-    return Probe(id=f"{group}/{turn}", family="arithmetic", expected=answer, extract="first_number", group=group,
-                 prompt=(PREAMBLE if turn == 0 else "\n") + text, max_tokens=len(answer) + 4)
+    return probe(f"{group}/{turn}", group, PREAMBLE if turn == 0 else "\n")

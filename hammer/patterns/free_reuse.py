@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from hammer.patterns.op import Op, op_id, with_controls
 from probes import Probe
-from probes.families.arithmetic import question
+from probes.families.arithmetic import probe
 from probes.families.needle import filler
 
 __all__ = ["NAME", "generate"]
@@ -63,14 +63,10 @@ def generate(seed: int, count: int, *, donors: int = 8, newcomers: int = 6, pref
 
 
 def _donor(seed: int, wave: int, j: int, donors: int, prefix_tokens: int) -> Probe:
-    return _probe(f"{NAME}/{seed}/{wave}/{j}", filler(prefix_tokens, seed * 7919 + wave * donors + j))
+    pid = f"{NAME}/{seed}/{wave}/{j}"
+    return probe(pid, pid, filler(prefix_tokens, seed * 7919 + wave * donors + j) + "\n")
 
 
 def _newcomer(seed: int, wave: int, tokens: int) -> Probe:
-    return _probe(f"{NAME}/{seed}/{wave}/new", filler(tokens, seed * 7919 + wave + _NEWCOMER_HAYSTACK))
-
-
-def _probe(pid: str, prefix: str) -> Probe:
-    text, answer = question(pid)
-    return Probe(id=pid, family="arithmetic", expected=answer, extract="first_number", group=pid,
-                 max_tokens=len(answer) + 4, prompt=prefix + "\n" + text)
+    pid = f"{NAME}/{seed}/{wave}/new"
+    return probe(pid, pid, filler(tokens, seed * 7919 + wave + _NEWCOMER_HAYSTACK) + "\n")

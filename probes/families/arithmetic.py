@@ -9,7 +9,7 @@ from __future__ import annotations
 from probes.probe import Probe
 from probes.seeding import probe_id, settings_tag, stable_rng
 
-__all__ = ["PREAMBLE", "generate", "question"]
+__all__ = ["PREAMBLE", "generate", "probe", "question"]
 
 PREAMBLE = (
     "You are a careful calculator. Compute each expression exactly, in integers, and reply with the "
@@ -32,7 +32,8 @@ def generate(seed: int, count: int, *, digits: int = 3, operations: tuple[str, .
         raise ValueError(f"operations must be a non-empty subset of {tuple(OPERATIONS)}; got {operations!r}")
     settings = {"digits": digits, "operations": list(operations)}
     group = f"arithmetic/{settings_tag(settings)}"
-    return tuple(_probe(probe_id("arithmetic", settings, seed, i), group, digits, operations) for i in range(count))
+    return tuple(probe(probe_id("arithmetic", settings, seed, i), group, PREAMBLE, digits, operations)
+                 for i in range(count))
 
 
 def question(pid: str, digits: int = 3, operations: tuple[str, ...] = ("+", "-")) -> tuple[str, str]:
@@ -45,7 +46,9 @@ def question(pid: str, digits: int = 3, operations: tuple[str, ...] = ("+", "-")
     return f"Compute {a}{op}{b}. Answer:", str(OPERATIONS[op](a, b))
 
 
-def _probe(pid: str, group: str, digits: int, operations: tuple[str, ...]) -> Probe:
+def probe(pid: str, group: str, before: str = PREAMBLE, digits: int = 3,
+          operations: tuple[str, ...] = ("+", "-")) -> Probe:
+    """The probe of ``question(pid)`` with ``before`` in front of it (the preamble, a pattern's prefix)."""
     text, answer = question(pid, digits, operations)
     return Probe(id=pid, family="arithmetic", expected=answer, extract="first_number", group=group,
-                 prompt=PREAMBLE + text, max_tokens=len(answer) + 4)
+                 prompt=before + text, max_tokens=len(answer) + 4)
