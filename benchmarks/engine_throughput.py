@@ -5,7 +5,8 @@ sink: every slot event with the checksum of the bytes it wrote or read; "+ refs"
 reference state of every donated prefix, which attribution uses). Workload: 48 requests over 6 shared 130-token prefixes plus 1-40 private tokens, 8 generated tokens
 each, arriving 2 per step. Prints a table (requests/s, generated tokens/s, hit rate) and writes JSON.
 Each mode runs ``--repeats`` times after one discarded warm-up run; the median is reported with the
-spread (max/min - 1). Usage: ``python benchmarks/engine_throughput.py [--repeats N] [--out FILE]``.
+spread (max/min - 1). ``--device cuda`` runs every mode on the GPU (real streams).
+Usage: ``python benchmarks/engine_throughput.py [--repeats N] [--device sim|cuda] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ LEDGER = "ledger"  # not an engine option: run with an instrumentation sink (eve
 MODES = {
     "copy, no overlap": dict(),
     "copy, overlap": dict(overlap=True),
+    # the seeds' "before": zero-copy donation, no admission barriers, no readback fence
+    "safeguards off, overlap": dict(overlap=True, faults=("donate=transfer", "admission_barrier=off",
+                                                          "metadata_fence=off")),
     "transfer, no overlap": dict(donate_policy="transfer"),
     "cache off": dict(enable_cache=False),
     "copy, ledger": {LEDGER: True},
@@ -37,10 +41,10 @@ def workload(seed: int = 0):
             for i in range(48)]
 
 
-def run(model, options: dict) -> dict:
+def run(model, options: dict, device: str = "sim") -> dict:
     options = dict(options)
     rows = [] if options.pop(LEDGER, False) else None
-    engine = Engine(EngineConfig(**options), model=model, sink=None if rows is None else rows.append)
+    engine = Engine(EngineConfig(**options, device=device), model=model, sink=None if rows is None else rows.append)
     requests = workload()
     started = time.perf_counter()
     ids = [engine.submit(p, SamplingParams(max_tokens=8), at_step=step) for p, step in requests]
@@ -56,14 +60,15 @@ def run(model, options: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=("sim", "cuda"), default="sim")
     parser.add_argument("--out", default="benchmarks/engine_throughput.json")
     args = parser.parse_args()
     model = build_builtin()
-    run(model, {})  # warm-up: the first run pays one-time costs that would bias whichever mode went first
+    run(model, {}, args.device)  # warm-up: the first run pays one-time costs that would bias whichever mode went first
     rows = {}
     for _ in range(args.repeats):  # interleaved, so drift on a noisy machine hits every mode alike
         for name, options in MODES.items():
-            rows.setdefault(name, []).append(run(model, options))
+            rows.setdefault(name, []).append(run(model, options, args.device))
     summary = {name: {**runs[0], "seconds": statistics.median(r["seconds"] for r in runs),
                       "spread": max(r["seconds"] for r in runs) / min(r["seconds"] for r in runs) - 1}
                for name, runs in rows.items()}

@@ -28,7 +28,7 @@ __all__ = ["main"]
 
 DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
                     "media-ab", "donate-hit")
-ENGINE_FLAGS = {"faults": "--fault", "overlap": "--overlap", "device_seed": "--device-seed",
+ENGINE_FLAGS = {"faults": "--fault", "overlap": "--overlap", "device": "--device", "device_seed": "--device-seed",
                 "max_running": "--max-running", "num_slots": "--num-slots", "num_pages": "--num-pages",
                 "page_size": "--page-size"}
 HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model", "control_url": "--control-url",
@@ -114,6 +114,9 @@ def _settings(_ctx, _param, values: tuple[str, ...]) -> tuple[tuple[str, object]
 
 REPORT_OPTION = click.option("--report/--no-report", default=True, show_default=True,
                              help="Write RUN_DIR/report/ (report.md, report.html, plots, CSV, Parquet) at the end.")
+DEVICE_OPTION = click.option("--device", type=click.Choice(["sim", "cuda"]), default=None,
+                             help="[embedded] Where the engine runs: the simulated device (default) or a GPU "
+                                  "(real CUDA streams; --device-seed then has no effect).")
 
 
 def run_options(command):
@@ -138,6 +141,7 @@ def run_options(command):
                           f"outside the catalogue: "
                           f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
         click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
+        DEVICE_OPTION,
         click.option("--device-seed", type=int, default=0, show_default=True,
                      help="[embedded] Seed of the simulated device (round r uses seed + r)."),
         click.option("--max-running", type=positive, default=None, help="[embedded] Requests batched at once."),
@@ -303,8 +307,9 @@ def postmortem(run_dir, max_rows, report):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the cells' run directories and the combined report go (default runs/matrix-<time>).")
+@DEVICE_OPTION
 @REPORT_OPTION
-def faults(names, budget, requests, quick, seed, out, report):
+def faults(names, budget, requests, quick, seed, out, device, report):
     """Run every fault (and the clean engine) against the patterns that should expose it; print one table.
 
     Exit 0 when every fault was detected and attributed correctly and the clean cell found nothing,
@@ -314,6 +319,7 @@ def faults(names, budget, requests, quick, seed, out, report):
     if quick and requests:
         raise click.BadParameter("--quick sets the request counts; give one of --quick and --requests",
                                  param_hint="--quick")
+    _check_device(device)
     try:
         cells = select([n for name in names for n in name.split(",") if n])
     except ValueError as err:
@@ -323,7 +329,7 @@ def faults(names, budget, requests, quick, seed, out, report):
     click.echo(f"hammer faults: {len(cells)} cell(s), {bound} each, seed {seed} -> {out}")
     try:
         matrix_json = run_matrix(cells, out, seed=seed, budget=None if requests or quick else budget,
-                                 requests=requests, quick=quick, echo=click.echo)
+                                 requests=requests, quick=quick, device=device, echo=click.echo)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     sys.exit(_matrix_report(matrix_json, report))
@@ -347,6 +353,16 @@ def _matrix_report(matrix_json: Path, report: bool) -> int:
     return code
 
 
+def _check_device(device: str | None) -> None:
+    """--device cuda on a machine without a GPU is refused before a run directory exists."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("cuda needs a CUDA build of torch and a visible GPU; this machine has "
+                                     "neither (use the default, the simulated device)", param_hint="--device")
+
+
 def _split_options(options: dict) -> tuple[dict, dict]:
     """(engine options, HTTP options) for the chosen target; an option of the other target is an error."""
     ctx = click.get_current_context()
@@ -359,6 +375,7 @@ def _split_options(options: dict) -> tuple[dict, dict]:
         raise click.BadParameter(f"{flags[wrong[0]]} applies to the {'http' if embedded else 'embedded'} target "
                                  f"only; this run's --target is {options['target']}", param_hint=flags[wrong[0]])
     engine = {name: options[name] for name in ENGINE_FLAGS if options[name] is not None}
+    _check_device(engine.get("device"))
     if "page_size" in engine:
         engine["page_size"] = int(engine["page_size"])
     return engine, {name: options[name] for name in HTTP_FLAGS if options[name] is not None}

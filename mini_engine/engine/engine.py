@@ -14,6 +14,7 @@ the device seed.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 from collections import defaultdict
@@ -71,9 +72,12 @@ class Engine:
         self.config = config = config or EngineConfig()
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.model = model if model is not None else load_model(config.model)
         self.tokenizer = ByteTokenizer()
         self.device = make_device(config.device, seed=config.device_seed)
+        model = model if model is not None else load_model(config.model)
+        # The weights live where the forwards run; a caller's model elsewhere is copied, never moved.
+        self.model = model if model.device == self.device.torch_device else copy.deepcopy(model).to(
+            self.device.torch_device)
         self.compute = self.device.stream("compute")
         self.events = Instrumentation(sink)
         self.states = StateStorage(self.model.config, config.num_slots, self.device)

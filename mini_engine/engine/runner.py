@@ -153,7 +153,7 @@ class ModelRunner:
         params = request.params
         if params.temperature == 0:
             return int(logits.argmax())
-        scaled = logits / params.temperature
+        scaled = logits.float().cpu() / params.temperature  # drawn on the host: the same token on any device
         probs = torch.exp(scaled - scaled.max())
         probs = probs / probs.sum()
         gen = torch.Generator().manual_seed(params.seed * 1_000_003 + position)

@@ -67,8 +67,12 @@ class HybridModel(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    @property
+    def device(self) -> torch.device:
+        return self.head_weight.device
+
     def new_state(self) -> SequenceState:
-        return SequenceState.empty(self.config)
+        return SequenceState.empty(self.config, device=self.device)
 
     @torch.no_grad()
     def forward(self, tokens: list[torch.Tensor], states: list[SequenceState], *,
@@ -100,11 +104,12 @@ class HybridModel(nn.Module):
                 for i in range(batch.size)]
 
     def _embed(self, tokens: list[torch.Tensor], batch: PackedBatch, media: list[MediaRows | None] | None):
-        x = self.model.embed_tokens(torch.cat(tokens)).float()
+        # Prompt tokens come from the host, decode tokens from the device: the weights' device decides.
+        x = self.model.embed_tokens(torch.cat([t.to(self.device) for t in tokens])).float()
         for i, entry in enumerate(media or ()):
             if entry is not None:
                 rows, features = entry
-                x[batch.rows(i).start + rows] = self.media_projector(features)
+                x[batch.rows(i).start + rows] = self.media_projector(features.to(self.device))
         return x
 
     def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int):

@@ -41,16 +41,16 @@ class SequenceState:
     values: torch.Tensor  # [L_full, length, Hkv, D]
 
     @classmethod
-    def empty(cls, config: ModelConfig) -> SequenceState:
+    def empty(cls, config: ModelConfig, device: torch.device | str = "cpu") -> SequenceState:
         n_lin, n_full = len(config.linear_layers), len(config.full_layers)
         return cls(
             length=0,
-            conv=torch.zeros(n_lin, config.conv_dim, config.linear_conv_kernel_dim - 1),
+            conv=torch.zeros(n_lin, config.conv_dim, config.linear_conv_kernel_dim - 1, device=device),
             rec=torch.zeros(n_lin, config.linear_num_value_heads, config.linear_key_head_dim,
-                            config.linear_value_head_dim),
-            pending=torch.zeros(n_lin, 0, pending_width(config)),
-            keys=torch.zeros(n_full, 0, config.num_key_value_heads, config.head_dim),
-            values=torch.zeros(n_full, 0, config.num_key_value_heads, config.head_dim),
+                            config.linear_value_head_dim, device=device),
+            pending=torch.zeros(n_lin, 0, pending_width(config), device=device),
+            keys=torch.zeros(n_full, 0, config.num_key_value_heads, config.head_dim, device=device),
+            values=torch.zeros(n_full, 0, config.num_key_value_heads, config.head_dim, device=device),
         )
 
     def boundary(self) -> int:

@@ -1,0 +1,139 @@
+"""Engine decode throughput on one GPU: a random Qwen3.5-0.8B-shaped model against
+``transformers.generate`` on the same weights and against the weight-bandwidth roofline.
+
+Shape (the issue's): hidden 1024, 24 layers in the 3:1 pattern, 16 linear key/value heads of 128,
+8 query / 2 KV attention heads of 256, intermediate 3584, over the byte tokenizer (vocabulary 260,
+so the embedding and head are small and the weights are the layers'). Weights are seeded
+(``init_weights``), written once as a Hugging Face checkpoint and read by both engines.
+
+Decode throughput is a difference of two runs, ``--short`` and ``--long`` new tokens per sequence,
+so prefill and start-up cancel: ``batch * (long - short) / (t_long - t_short)``. Both engines decode
+greedily with end-of-sequence ignored. The roofline is one read of every weight per step at the
+device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints a table, writes JSON.
+
+Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
+[--dtype float32] [--hf-dtype float32 bfloat16] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+sys.modules.setdefault("fla", None)  # transformers' torch path, as the reference figures were measured
+
+import torch  # noqa: E402
+
+from mini_engine.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from mini_engine.model import ByteTokenizer, HybridModel, load_pretrained  # noqa: E402
+from mini_engine.model.builtin import init_weights  # noqa: E402
+from mini_engine.model.config import FULL, LINEAR, ModelConfig  # noqa: E402
+from mini_engine.model.loader import save_pretrained  # noqa: E402
+
+
+def shape_08b() -> ModelConfig:
+    tokenizer = ByteTokenizer()
+    return ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=1024, intermediate_size=3584,
+                       layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 6, num_attention_heads=8, num_key_value_heads=2,
+                       head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                       linear_value_head_dim=128, tie_word_embeddings=True, max_position_embeddings=8192,
+                       eos_token_id=tokenizer.eos_token_ids, name="qwen3.5-0.8b-shaped-random")
+
+
+def prompts(batch: int, length: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(batch * 1000 + length)
+    return torch.randint(0, 256, (batch, length), generator=gen).tolist()
+
+
+def engine_seconds(model: HybridModel, batch: int, prompt: int, new: int) -> float:
+    pages = batch * (-(-(prompt + new) // 16)) + 64
+    config = EngineConfig(device="cuda", overlap=True, max_running=batch, num_slots=3 * batch + 8, num_pages=pages,
+                          max_context=prompt + new + 64, threads=None)
+    engine = Engine(config, model=model)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    ids = [engine.submit(p, SamplingParams(max_tokens=new)) for p in prompts(batch, prompt)]
+    engine.run()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    assert all(len(engine.result(r).output_ids) == new for r in ids)
+    return elapsed
+
+
+def hf_seconds(hf, batch: int, prompt: int, new: int) -> float:
+    ids = torch.tensor(prompts(batch, prompt), device="cuda")
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
+    torch.cuda.synchronize()
+    assert out.shape[1] == prompt + new
+    return time.perf_counter() - started
+
+
+def decode_rate(seconds, batch: int, args) -> dict:
+    """Tokens/s and steps/s of decode alone, from a short and a long run (after one warm-up)."""
+    seconds(batch, args.prompt, args.short)
+    short, long = seconds(batch, args.prompt, args.short), seconds(batch, args.prompt, args.long)
+    steps = (args.long - args.short) / (long - short)
+    return {"batch": batch, "short_s": short, "long_s": long, "steps_per_s": steps, "tokens_per_s": steps * batch}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--short", type=int, default=8)
+    parser.add_argument("--long", type=int, default=40)
+    parser.add_argument("--hf-dtype", nargs="*", default=["float32", "bfloat16"])
+    parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    import transformers
+    from transformers import Qwen3_5ForCausalLM
+
+    transformers.logging.set_verbosity_error()
+
+    config = shape_08b()
+    with tempfile.TemporaryDirectory() as folder:
+        save_pretrained(init_weights(HybridModel(config)), folder)
+        ours = load_pretrained(folder).cuda()
+        weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
+        rows = []
+        for batch in args.batches:
+            rows.append({"engine": "mini-engine (float32)", **decode_rate(
+                lambda b, p, n: engine_seconds(ours, b, p, n), batch, args)})
+        del ours
+        for dtype in args.hf_dtype:
+            hf = Qwen3_5ForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).cuda().eval()
+            for batch in args.batches:
+                rows.append({"engine": f"transformers.generate ({dtype})", **decode_rate(
+                    lambda b, p, n: hf_seconds(hf, b, p, n), batch, args)})
+            del hf
+            torch.cuda.empty_cache()
+    roofline = args.bandwidth / weight_bytes  # float32 steps/s: every weight read once per step
+    device = torch.cuda.get_device_name()
+    print(f"{device}; {config.name}: {weight_bytes / 1e9:.2f} GB of float32 weights, roofline {roofline:,.0f} steps/s; "
+          f"prompt {args.prompt}, decode {args.short}->{args.long} tokens")
+    print(f"{'engine':<34}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'of roofline':>12}")
+    for r in rows:
+        print(f"{r['engine']:<34}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{r['steps_per_s']:>9.1f}"
+              f"{r['steps_per_s'] / roofline:>12.1%}")
+    for batch in args.batches:
+        ours = next(r for r in rows if r["batch"] == batch and r["engine"].startswith("mini"))
+        for r in rows:
+            if r["batch"] == batch and r is not ours:
+                print(f"batch {batch}: mini-engine / {r['engine']} = {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": device, "model": config.name, "weight_bytes": weight_bytes,
+                       "roofline_steps_per_s": roofline, "prompt": args.prompt, "short": args.short,
+                       "long": args.long, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
