@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from forensics import RunDir
@@ -176,3 +177,18 @@ def test_progress_adds_up_rounds_and_is_off_without_a_terminal():
         progress(2, {"hammer": 4, "hits": 3, "abandoned": 0, "corrupted": 1, "corrupted_hits": 1})
     line = progress.line()
     assert "round 2" in line and "done 8/10" in line and "hits 5" in line and "corrupted 1 (1 on hits)" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: --device cuda is accepted here")
+@pytest.mark.parametrize("args", [["soak", "--device", "cuda"], ["run", "saturate", "--device", "cuda"],
+                                  ["faults", "--quick", "--device", "cuda"]])
+def test_device_cuda_without_a_gpu_is_refused_before_anything_runs(args, tmp_path):
+    """--device cuda on a machine without CUDA is a usage error naming --device; no run directory is made."""
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "--device" in result.output and "CUDA" in result.output, result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_device_applies_to_the_embedded_target_only():
+    result = CliRunner().invoke(main, ["soak", "--device", "sim", "--target", "http://127.0.0.1:1"])
+    assert result.exit_code == 2 and "--device applies to the embedded target only" in result.output, result.output
