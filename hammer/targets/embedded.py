@@ -141,7 +141,8 @@ class EmbeddedTarget(SteppedTarget):
         self._lanes: dict[str, EngineLane] = {}
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "device": self.config.device, "model": self.model.config.name, "exact": True}
+        return {"kind": self.kind, "device": self.config.device, "model": self.model.config.name,
+                "exact": self.config.bit_exact}
 
     def engine(self) -> dict[str, Any]:
         return {**self.options, "faults": list(self.options["faults"])}

@@ -54,7 +54,8 @@ class HttpTarget(StreamingTarget):
         self.headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self.byte_tokens = False  # set by check() when the server is mini-engine (byte-level tokenizer)
         self.server = "unknown"
-        self._exact = exact  # None: exact when the server is mini-engine (float32, hit-invariant)
+        self.bit_exact = False  # what /v1/models says: mini-engine on the sim device
+        self._exact = exact  # None: exact when the server is a bit-exact mini-engine (float32 on the sim)
         self._client: httpx.AsyncClient | None = None
         self._transport = transport  # tests: an httpx.MockTransport instead of the network
 
@@ -65,7 +66,7 @@ class HttpTarget(StreamingTarget):
     @property
     def exact(self) -> bool:
         """Whether a hit that differs from its control is a defect (an engine that is hit-invariant)."""
-        return self._exact if self._exact is not None else self.server == "mini-engine"
+        return self._exact if self._exact is not None else self.bit_exact
 
     @property
     def controls(self) -> str:
@@ -82,6 +83,7 @@ class HttpTarget(StreamingTarget):
             if url == self.url and cards:
                 self.server = str(cards[0].get("owned_by", "unknown"))
                 self.byte_tokens = self.server == "mini-engine"
+                self.bit_exact = self.byte_tokens and cards[0].get("bit_exact", True) is True
 
     def _models(self, url: str) -> list[dict[str, Any]]:
         try:

@@ -63,6 +63,16 @@ class EngineConfig:
         if self.device not in ("sim", "cuda"):
             raise ValueError(f"EngineConfig.device must be 'sim' or 'cuda'; got {self.device!r}")
 
+    @property
+    def bit_exact(self) -> bool:
+        """Whether a hit reproduces its cold run bit for bit (logits and slot states alike).
+
+        True on the sim: the CPU primitives are batch-invariant (``tests/unit/test_invariant.py``).
+        False on cuda: torch's CUDA reductions and batched matmuls give a row different bits in
+        different batches (``benchmarks/gpu_invariance.py`` measures which), so there only the greedy
+        tokens and the copies' own checksums can be compared exactly."""
+        return self.device == "sim"
+
     def has_fault(self, name: str) -> bool:
         """Whether the safeguard ``name`` removes is switched off (``name`` must be a known fault)."""
         return name in parse_faults([name]) & self.faults

@@ -40,6 +40,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     """An app that owns ``engine`` from startup to shutdown (its lifespan runs the engine thread)."""
     loop = EngineLoop(engine)
     model_name = served_model_name or engine.model.config.name
+    bit_exact = engine.config.bit_exact
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -51,7 +52,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     app = FastAPI(title="mini-engine", lifespan=lifespan)
     app.state.engine_loop = loop
-    _routes(app, loop, model_name)
+    _routes(app, loop, model_name, bit_exact)
     _error_handlers(app)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
@@ -83,7 +84,7 @@ def _stop_quietly(signum: int, frame: object) -> None:
     raise _Stopped
 
 
-def _routes(app: FastAPI, loop: EngineLoop, model_name: str) -> None:
+def _routes(app: FastAPI, loop: EngineLoop, model_name: str, bit_exact: bool) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await generate(loop, COMPLETION, body, completion_submission, request, model_name)
@@ -95,7 +96,7 @@ def _routes(app: FastAPI, loop: EngineLoop, model_name: str) -> None:
     @app.get("/v1/models")
     async def models() -> dict:
         card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "mini-engine",
-                "max_model_len": loop.limits.max_context}
+                "max_model_len": loop.limits.max_context, "bit_exact": bit_exact}
         return {"object": "list", "data": [card]}
 
     @app.get("/health")

@@ -1,5 +1,5 @@
-"""The engine on the cuda backend (real streams): hits exact against cold runs in float32, and the
-aliasing fault reproduced by its real mechanism."""
+"""The engine on the cuda backend (real streams): greedy hits give the cold runs' tokens in float32,
+and the aliasing fault is reproduced by its real mechanism."""
 
 import random
 
@@ -30,38 +30,46 @@ def run(model, requests, **options):
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
-def test_hits_are_bit_exact_against_cold_runs_on_the_gpu(cuda_model, overlap):
-    """Same tokens and the same logits digest (every logit of every step) with the cache on as off."""
+def test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu(cuda_model, overlap):
+    """Same greedy tokens with the cache on as off. (Not the same logits bits: torch's CUDA reductions
+    and batched matmuls are not batch-invariant; benchmarks/gpu_invariance.py says which.)"""
     requests = hit_heavy()
     hot = run(cuda_model, requests, overlap=overlap)
     cold = run(cuda_model, requests, enable_cache=False)
     assert sum(r.cached_tokens > 0 for r in hot) >= 24
     assert [r.output_ids for r in hot] == [r.output_ids for r in cold]
-    assert [r.logits_digest for r in hot] == [r.logits_digest for r in cold]
 
 
 def test_transfer_poisons_the_finish_donation_through_the_decode_in_flight(cuda_model):
     """donate=transfer, overlap, page size 1: a reply that ends on a stop token (which no scheduler can
     foresee) still has its next decode launched; that decode writes the live slot the tree now owns, so
-    the next turn, which restores that state, differs from its cold run. Copy-on-donate does not."""
+    the next turn restores bytes other than those donated (slot checksums: exact on any device).
+    Copy-on-donate restores exactly what was donated."""
     prompt = [random.Random(1).randrange(256) for _ in range(90)]
     outcome = {}
     for policy in ("copy", "transfer"):
+        rows = []
         engine = Engine(EngineConfig(device="cuda", overlap=True, page_size=1, num_pages=4096, donate_policy=policy),
-                        model=cuda_model, sink=lambda row: None)
+                        model=cuda_model, sink=rows.append)
         free = engine.result(_ran(engine, prompt, SamplingParams(max_tokens=6))).output_ids
         stop = next(t for i, t in enumerate(free) if i >= 2 and t not in free[:i])
         reply = list(free[: free.index(stop) + 1])
         first = _ran(engine, prompt, SamplingParams(max_tokens=6, stop_token_ids=(stop,)), rid="first")
         assert list(engine.result(first).output_ids) == reply
-        follow = prompt + reply + [7, 8, 9]
-        result = engine.result(_ran(engine, follow, SamplingParams(max_tokens=6)))
-        cold = Engine(EngineConfig(device="cuda", enable_cache=False), model=cuda_model, sink=lambda row: None)
-        reference = cold.result(_ran(cold, follow, SamplingParams(max_tokens=6)))
-        outcome[policy] = (result.cached_tokens, result.logits_digest == reference.logits_digest)
-    assert outcome["copy"][1] is True
-    # the hit restored the finish donation (prompt + reply, less the stop token), and it was poisoned
-    assert outcome["transfer"] == (len(prompt) + len(reply) - 1, False)
+        follow = _ran(engine, prompt + reply + [7, 8, 9], SamplingParams(max_tokens=6), rid="follow")
+        restore = next(r for r in rows if r["type"] == "restore_read" and r.get("rid") == follow)
+        outcome[policy] = (restore["position"], restore["src_checksum"] == _donated(rows, restore))
+    position = len(prompt) + len(reply) - 1  # the finish donation: prompt + reply, less the stop token
+    assert outcome == {"copy": (outcome["copy"][0], True), "transfer": (position, False)}
+
+
+def _donated(rows: list[dict], restore: dict) -> int:
+    """Checksum of the state the tree was given in the restore's source slot at its position: the
+    clone as written (copy), or the donor's own write of its live slot there (transfer)."""
+    slot, position = restore["src"], restore["position"]
+    return next(r["checksum"] for r in reversed(rows[: rows.index(restore)])
+                if r.get("position") == position and ((r["type"] == "clone_written" and r["dst"] == slot)
+                                                      or (r["type"] == "slot_write" and r["slot"] == slot)))
 
 
 def _ran(engine: Engine, prompt: list[int], params: SamplingParams, rid: str | None = None) -> str:

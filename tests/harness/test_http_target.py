@@ -185,3 +185,26 @@ def test_hammer_run_against_the_server_exits_0(servers, tmp_path):
     meta = json.loads((tmp_path / "last" / "meta.json").read_text())
     assert meta["target"]["server"] == "mini-engine" and meta["target"]["control_url"] == cold.url
     assert "verdict             CLEAN" in result.output and "unknown" not in result.output
+
+
+@pytest.mark.parametrize("card, exact", [
+    ({"owned_by": "mini-engine", "bit_exact": True}, True),
+    ({"owned_by": "mini-engine", "bit_exact": False}, False),  # mini-engine on cuda
+    ({"owned_by": "mini-engine"}, True),  # a server from before the field
+    ({"owned_by": "vllm", "bit_exact": True}, False),  # only our own engine's word is taken
+])
+def test_exactness_follows_the_servers_model_card(card, exact):
+    """A hit that differs from its control is corruption only on a mini-engine that says it is bit-exact."""
+    def handler(request):
+        return httpx.Response(200, json={"object": "list", "data": [{"id": "m", **card}]})
+
+    target = mock_target(handler)
+    target.check()
+    assert target.exact is exact and target.describe()["exact"] is exact
+    assert mock_target(handler, exact=True).exact is True  # --exact overrides
+
+
+def test_the_model_card_says_whether_the_engine_is_bit_exact(servers):
+    hot, _ = servers
+    card = hot.get("/v1/models").json()["data"][0]
+    assert card["owned_by"] == "mini-engine" and card["bit_exact"] is True  # the sim device
