@@ -1,0 +1,76 @@
+"""How often a fault's mechanism fires, read from the slot ledger: exact on any device, so it reports
+the ``donate=transfer`` and ``metadata_fence=off`` cells on a GPU, where the logits are not
+bit-exact and the reference oracle cannot count (``EngineConfig.bit_exact``).
+
+Runs the fault matrix's cells (their own patterns and engine options, ``--requests`` hammer requests
+each) on ``--device`` and counts, per cell, over the hammer and control engines:
+
+- restores whose source bytes (the checksum the copy read) differ from the bytes last written into
+  that slot at that position before it (the clone, the snapshot write or the donor's own write):
+  a donated state changed after donation -- the aliasing of ``donate=transfer``;
+- decode steps whose page table as the kernel read it differs from the one staged for it: the stale
+  resident metadata of ``metadata_fence=off``.
+
+Usage: ``python benchmarks/fault_mechanisms.py [--device sim|cuda] [--requests 60] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from hammer.matrix import run_matrix, select
+
+CELLS = ("donate=transfer", "metadata_fence=off", "clean")
+WRITES = {"clone_written": "dst", "snapshot_write": "slot", "slot_write": "slot"}
+
+
+def mechanism_counts(ledger: Path) -> dict[str, int]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    with ledger.open() as handle:
+        for line in handle:
+            row = json.loads(line)
+            groups[(row.get("engine"), row.get("round"))].append(row)
+    counts = {"restores": 0, "restores_changed_after_donation": 0, "decode_steps": 0, "decode_steps_stale": 0}
+    for rows in groups.values():
+        written: dict[tuple[int, int], int] = {}  # (slot, position) -> checksum of its last write
+        for row in rows:
+            kind = row["type"]
+            if kind in WRITES and row.get("checksum") is not None:
+                written[(row[WRITES[kind]], row["position"])] = row["checksum"]
+            elif kind == "restore_read" and row.get("src_checksum") is not None:
+                counts["restores"] += 1
+                expected = written.get((row["src"], row["position"]))
+                counts["restores_changed_after_donation"] += expected is not None and expected != row["src_checksum"]
+            elif kind == "decode_metadata":
+                counts["decode_steps"] += 1
+                counts["decode_steps_stale"] += not row["match"]
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("sim", "cuda"), default="sim")
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        matrix = json.loads(run_matrix(select(CELLS), folder, requests=args.requests, device=args.device,
+                                       echo=lambda _line: None).read_text())
+        rows = [{"cell": cell["name"], "seconds": cell["seconds"],
+                 **mechanism_counts(Path(cell["run"]) / "ledger.jsonl")} for cell in matrix["cells"]]
+    print(f"device {args.device}, {args.requests} hammer requests per cell (and their controls)")
+    print(f"{'cell':<20}{'restores':>9}{'changed after donation':>24}{'decode steps':>14}{'stale metadata':>16}")
+    for r in rows:
+        print(f"{r['cell']:<20}{r['restores']:>9}{r['restores_changed_after_donation']:>24}"
+              f"{r['decode_steps']:>14}{r['decode_steps_stale']:>16}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": args.device, "requests": args.requests, "cells": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
