@@ -36,7 +36,9 @@ TOKENIZER = ByteTokenizer()
 STOP = tuple(TOKENIZER.eos_token_ids)
 
 
-def answer_of(engine: Engine, ids: list[int], max_tokens: int = 8, stop: tuple[int, ...] = STOP) -> tuple[list[int], int]:
+def answer_of(engine: Engine, ids: list[int], max_tokens: int = 8,
+              stop: tuple[int, ...] = STOP) -> tuple[list[int], int]:
+    """The reply's tokens (reply-ending tokens dropped) and how many prompt tokens came from the cache."""
     rid = engine.submit(ids, SamplingParams(max_tokens=max_tokens, stop_token_ids=stop))
     engine.run()
     result = engine.result(rid)

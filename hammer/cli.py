@@ -160,7 +160,8 @@ def run_options(command):
                      help="[http] Seconds a request may wait for its next bytes."),
         click.option("--exact/--inexact", default=None,
                      help="[http] Count a hit that differs from its control as corruption (default: yes for "
-                          "mini-engine servers whose /v1/models card says bit_exact, i.e. on the sim device; no for others)."),
+                          "mini-engine servers whose /v1/models card says bit_exact, i.e. on the sim device; "
+                          "no for others)."),
     ]
     for option in reversed(options):
         command = option(command)

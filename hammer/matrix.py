@@ -133,8 +133,8 @@ def run_matrix(cells: Iterable[Cell], out: str | Path, *, seed: int = 0, budget:
         plan = SoakPlan(cell.patterns, seed, round_size=cell.round_size, requests=cell.quick if quick else requests,
                         duration=budget, settings=cell.settings)
         started = time.monotonic()
-        run_dir, code, _ = execute(target=EMBEDDED, plan=plan, out=out / _folder(cell.name),
-                                   engine={**cell.engine, "faults": cell.faults, **({"device": device} if device else {})},
+        engine = {**cell.engine, "faults": cell.faults, **({"device": device} if device else {})}
+        run_dir, code, _ = execute(target=EMBEDDED, plan=plan, out=out / _folder(cell.name), engine=engine,
                                    command=("hammer", "faults", "--faults", cell.name), echo=lambda _line: None)
         seconds = time.monotonic() - started
         record["cells"].append({**cell.as_dict(), "run": str(run_dir), "exit_code": code, "seconds": round(seconds, 2)})
