@@ -80,6 +80,12 @@ class RunMeta:
         object.__setattr__(self, "faults", tuple(self.faults))
         object.__setattr__(self, "command", tuple(self.command))
 
+    @property
+    def exact(self) -> bool:
+        """Whether a hit that differs from its control counts as corruption: the target's own word
+        (``target["exact"]``: a bit-exact engine), else yes for the embedded engine (older runs)."""
+        return bool(self.target.get("exact", self.target.get("kind") == "embedded"))
+
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))  # plain JSON types all the way down
 

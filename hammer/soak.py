@@ -96,7 +96,7 @@ def run_soak(target: Target, run: RunDir, plan: SoakPlan, *, first_round: int = 
             sent += plan.round_size
             index += 1
             if progress is not None:
-                progress(index, dict(check_history(events).counts))
+                progress(index, dict(check_history(events, exact=run.meta.exact).counts))
     return index
 
 
@@ -110,7 +110,7 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
     """Check the stored history, attribute corrupted hits from the ledger, write summary.json and
     attribution.json; returns (analysis, summary, exit code). Works on partial runs."""
     run = RunDir.open(run_dir)
-    analysis = check_run(run_dir, exact=bool(run.meta.target.get("exact", run.meta.target.get("kind") == "embedded")))
+    analysis = check_run(run_dir, exact=run.meta.exact)
     counts = dict(analysis.counts)
     hits, corrupted_hits = counts.get("hits", 0), counts.get("corrupted_hits", 0)
     rate = corrupted_hits / hits if hits else 0.0

@@ -37,7 +37,7 @@ def load_run(path: str | os.PathLike) -> pd.DataFrame:
     run = RunDir.open(path)
     events = run.history()
     fold = fold_history(events)
-    analysis = check_fold(fold)
+    analysis = check_fold(fold, exact=run.meta.exact)  # an inexact engine's differences are reported, not counted
     timing = _timing(fold.records)
     rows = []
     for verdict in analysis.rows:

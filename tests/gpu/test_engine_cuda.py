@@ -31,8 +31,8 @@ def run(model, requests, **options):
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 def test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu(cuda_model, overlap):
-    """Same greedy tokens with the cache on as off. (Not the same logits bits: some of torch's CUDA
-    primitives are not batch-invariant; benchmarks/gpu_invariance.py says which.)"""
+    """Same greedy tokens with the cache on as off. (Not the same logits bits: the chunked gated delta
+    rule is not batch-invariant on CUDA; benchmarks/gpu_invariance.py.)"""
     requests = hit_heavy()
     hot = run(cuda_model, requests, overlap=overlap)
     cold = run(cuda_model, requests, enable_cache=False)

@@ -8,8 +8,8 @@ from reports.tables import RATE_COLUMNS, export, load_run, load_runs, rates
 from tests.harness.fakes import simulate
 
 
-def stored_run(root, *, corrupt=lambda op, hit: False, faults=(), seed=3):
-    meta = RunMeta(target={"kind": "embedded"}, patterns=({"name": "alternate-abandon", "settings": {}},),
+def stored_run(root, *, corrupt=lambda op, hit: False, faults=(), seed=3, target=None):
+    meta = RunMeta(target=target or {"kind": "embedded"}, patterns=({"name": "alternate-abandon", "settings": {}},),
                    seeds={"pattern": seed}, faults=faults)
     run = RunDir.create(root, meta)
     simulate(generate_ops("alternate-abandon", seed, 12), run.history_path, corrupt=corrupt,
@@ -35,6 +35,16 @@ def test_rates_count_only_completed_hammer_requests(tmp_path):
     assert hits["corrupted"] == hits["requests"] > 0 and hits["rate"] == 1.0
     assert cold["corrupted"] == 0 and 0 < cold["wilson_high"] < 1
     assert hits["wilson_low"] <= hits["rate"] <= hits["wilson_high"]
+
+
+def test_an_inexact_engines_differences_are_reported_not_counted(tmp_path):
+    """The table judges a run as its target said: on an engine that is not bit-exact (mini-engine on a
+    GPU, any other server) a hit that differs from its control is a mismatch, not corruption."""
+    exact = load_run(stored_run(tmp_path / "exact", corrupt=lambda op, hit: hit))
+    inexact = load_run(stored_run(tmp_path / "inexact", corrupt=lambda op, hit: hit,
+                                  target={"kind": "embedded", "exact": False}))
+    assert exact["corrupted"].sum() > 0 and inexact["corrupted"].sum() == 0
+    assert (inexact.loc[exact["corrupted"].fillna(False).to_numpy(), "reference"] == "mismatch").all()
 
 
 def test_abandoned_neighbours_and_in_flight_context(tmp_path):
