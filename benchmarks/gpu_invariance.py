@@ -120,11 +120,7 @@ class WholeModel:
         return [torch.randint(0, 256, (n,), generator=gen)]
 
     def __call__(self, cols, lengths):
-        ids, out, start = cols[0], [], 0
-        tokens = []
-        for n in lengths:
-            tokens.append(ids[start : start + n])
-            start += n
+        tokens = list(cols[0].split(lengths))
         results = self.model(tokens, [self.model.new_state() for _ in tokens], all_logits=True)
         return torch.cat([r.logits for r in results])
 
