@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
+#
+#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | engine | kernels
+#
+#   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
+#   exactness  benchmarks/gpu_invariance.py, then benchmarks/fault_mechanisms.py --device cuda
+#   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
+#              benchmarks/engine_throughput.py --device cuda (safeguard and ledger modes)
+#   kernels    benchmarks/gdn_kernels.py and benchmarks/small_kernels.py
+#
+# Runs from a plain checkout (PYTHONPATH, no install: the GPU machine has torch, triton, transformers
+# and the harness's dependencies but not this package). Each step is bounded by `timeout` so a slow
+# one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part="${1:?usage: scripts/gpu.sh tests|exactness|engine|kernels OUT_DIR}"
+out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
+case "$part" in
+    tests|exactness|engine|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (tests | exactness | engine | kernels)" >&2; exit 2 ;;
+esac
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+status=0
+
+step() {  # step SECONDS NAME COMMAND...: run, log to OUT_DIR/NAME.log, remember a failure
+    local seconds=$1 name=$2
+    shift 2
+    timeout "$seconds" "$@" 2>&1 | tee "$out/$name.log" | tail -20
+    local code=${PIPESTATUS[0]}
+    [ "$code" -eq 0 ] || { echo "gpu.sh: $name exited $code"; status=1; }
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+case "$part" in
+    tests)
+        step 540 tests python3 -m pytest -q -p no:cacheprovider tests/gpu ;;
+    exactness)
+        step 90 invariance python3 benchmarks/gpu_invariance.py --out "$out/gpu_invariance.json"
+        step 400 mechanisms python3 benchmarks/fault_mechanisms.py --device cuda --requests 24 \
+            --out "$out/fault_mechanisms_cuda.json" ;;
+    engine)
+        step 300 gpu_engine python3 benchmarks/gpu_engine.py --out "$out/gpu_engine.json"
+        step 240 throughput python3 benchmarks/engine_throughput.py --device cuda --repeats 5 \
+            --out "$out/engine_throughput_cuda.json" ;;
+    kernels)
+        step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"
+        step 240 small_kernels python3 benchmarks/small_kernels.py --out "$out/small_kernels.json" ;;
+esac
+exit $status
