@@ -22,32 +22,26 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from forensics.attribute import donated_states
 from hammer.matrix import run_matrix, select
 
 CELLS = ("donate=transfer", "metadata_fence=off", "clean")
-WRITES = {"clone_written": "dst", "snapshot_write": "slot", "slot_write": "slot"}
 
 
 def mechanism_counts(ledger: Path) -> dict[str, int]:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+    groups: dict[tuple, list[dict]] = defaultdict(list)  # one ledger per engine (hammer / control, round)
     with ledger.open() as handle:
         for line in handle:
             row = json.loads(line)
             groups[(row.get("engine"), row.get("round"))].append(row)
     counts = {"restores": 0, "restores_changed_after_donation": 0, "decode_steps": 0, "decode_steps_stale": 0}
     for rows in groups.values():
-        written: dict[tuple[int, int], int] = {}  # (slot, position) -> checksum of its last write
-        for row in rows:
-            kind = row["type"]
-            if kind in WRITES and row.get("checksum") is not None:
-                written[(row[WRITES[kind]], row["position"])] = row["checksum"]
-            elif kind == "restore_read" and row.get("src_checksum") is not None:
-                counts["restores"] += 1
-                expected = written.get((row["src"], row["position"]))
-                counts["restores_changed_after_donation"] += expected is not None and expected != row["src_checksum"]
-            elif kind == "decode_metadata":
-                counts["decode_steps"] += 1
-                counts["decode_steps_stale"] += not row["match"]
+        for read, donated in donated_states(rows):
+            counts["restores"] += 1
+            counts["restores_changed_after_donation"] += donated is not None and donated["checksum"] != read["src_checksum"]
+        decodes = [row for row in rows if row["type"] == "decode_metadata"]
+        counts["decode_steps"] += len(decodes)
+        counts["decode_steps_stale"] += sum(not row["match"] for row in decodes)
     return counts
 
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["HYPOTHESES", "Attribution", "Verdict", "attribute", "inherited_detail"]
+__all__ = ["HYPOTHESES", "Attribution", "Verdict", "attribute", "donated_states", "inherited_detail"]
 
 Row = Mapping[str, Any]
 
@@ -179,6 +179,20 @@ def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
         proof = (donation, *([donated] if donated else []), *reference[-1:], read)
         return Verdict(rid, "bad-at-donate", proof, tuple(checked), window)
     return None
+
+
+def donated_states(ledger: Iterable[Row]) -> list[tuple[Row, Row | None]]:
+    """Every restore's source read (``restore_read``) of one engine's ledger, with the row holding the
+    checksum of what the tree was given in that slot (None: the ledger does not reach the donation,
+    or no forward wrote the donated state). A read whose ``src_checksum`` differs from that checksum
+    restored a state changed after donation. Checksums compare copies of the same bytes: exact on any
+    device."""
+    book = _Ledger(ledger)
+    pairs = []
+    for read in book.find("restore_read"):
+        donations = [d for d in book.find("donate", before=read["seq"], slot=read["src"]) if d.get("stored", True)]
+        pairs.append((read, _donated_bytes(book, donations[-1]) if donations else None))
+    return pairs
 
 
 def _donated_bytes(book: _Ledger, donation: Row) -> Row | None:

@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from forensics.attribute import donated_states
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 from mini_engine.model import build_builtin
 
@@ -57,19 +58,10 @@ def test_transfer_poisons_the_finish_donation_through_the_decode_in_flight(cuda_
         first = _ran(engine, prompt, SamplingParams(max_tokens=6, stop_token_ids=(stop,)), rid="first")
         assert list(engine.result(first).output_ids) == reply
         follow = _ran(engine, prompt + reply + [7, 8, 9], SamplingParams(max_tokens=6), rid="follow")
-        restore = next(r for r in rows if r["type"] == "restore_read" and r.get("rid") == follow)
-        outcome[policy] = (restore["position"], restore["src_checksum"] == _donated(rows, restore))
+        read, donated = next((r, d) for r, d in donated_states(rows) if r.get("rid") == follow)
+        outcome[policy] = (read["position"], read["src_checksum"] == donated["checksum"])
     position = len(prompt) + len(reply) - 1  # the finish donation: prompt + reply, less the stop token
     assert outcome == {"copy": (outcome["copy"][0], True), "transfer": (position, False)}
-
-
-def _donated(rows: list[dict], restore: dict) -> int:
-    """Checksum of the state the tree was given in the restore's source slot at its position: the
-    clone as written (copy), or the donor's own write of its live slot there (transfer)."""
-    slot, position = restore["src"], restore["position"]
-    return next(r["checksum"] for r in reversed(rows[: rows.index(restore)])
-                if r.get("position") == position and ((r["type"] == "clone_written" and r["dst"] == slot)
-                                                      or (r["type"] == "slot_write" and r["slot"] == slot)))
 
 
 def _ran(engine: Engine, prompt: list[int], params: SamplingParams, rid: str | None = None) -> str:
