@@ -202,9 +202,9 @@ def _chunk_step(state, q, k, w, u, aqk, gcum, out, rows, valid, last_row, cols, 
 
 @triton.jit
 def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_first_boundary,
-                         init, init_rows, init_slot_stride, final, boundary, scale, HK, HV,
+                         init, init_rows, write_rows, init_slot_stride, final, boundary, scale, HK, HV,
                          K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                         HAS_INIT: tl.constexpr, WRITE_BACK: tl.constexpr):
+                         HAS_INIT: tl.constexpr, WRITE_BACK: tl.constexpr, STORE_STATES: tl.constexpr):
     vt, s, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     hk = h // (HV // HK)
     row0 = tl.load(seq_row0 + s).to(tl.int64)
@@ -229,10 +229,14 @@ def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_firs
         last_row = row0 + tl.minimum(n, start + 64) - 1
         state = _chunk_step(state, q, k, w, u, aqk, gcum, out, rows, valid, last_row, cols, scale, HK, HV,
                             K, V)
-        tl.store(boundary + (first_boundary + c) * state_size + tile, state, mask=whole_tile & (start + 64 <= n))
-    tl.store(final + s * state_size + tile, state)
+        if STORE_STATES:
+            tl.store(boundary + (first_boundary + c) * state_size + tile, state,
+                     mask=whole_tile & (start + 64 <= n))
+    if STORE_STATES:
+        tl.store(final + s * state_size + tile, state)
     if WRITE_BACK:
-        tl.store(init + slot * init_slot_stride + tile, state.to(init.dtype.element_ty))
+        written = tl.load(write_rows + s).to(tl.int64)
+        tl.store(init + written * init_slot_stride + tile, state.to(init.dtype.element_ty))
 
 
 # ----------------------------------------------------------------------------- decode (one token)
@@ -319,6 +323,17 @@ def _plan_chunks(starts: list[int], lengths: list[int]) -> _ChunkPlan:
     return _ChunkPlan(chunk_row0, chunk_rows, [0, *accumulate(full)][:-1], full)
 
 
+@functools.lru_cache(maxsize=64)
+def _chunk_tables(cu_seqlens: tuple[int, ...], device: torch.device) -> tuple[_ChunkPlan, torch.Tensor]:
+    """The plan of a packed batch and its int32 tables on the device, uploaded once per batch layout
+    (every layer of a forward, and every decode step of one batch size, reuses them; kernels only read them)."""
+    starts, lengths = list(cu_seqlens[:-1]), [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
+    plan = _plan_chunks(starts, lengths)
+    tables = torch.tensor(plan.chunk_row0 + plan.chunk_rows + starts + lengths + plan.seq_first_boundary,
+                          device=device, dtype=torch.int32)
+    return plan, tables
+
+
 class _Prepared(NamedTuple):
     """What the prepare kernel leaves for the walk, per packed row and value head."""
 
@@ -363,7 +378,8 @@ def _boundary_buffer(boundary_out, rows: int, state_shape: tuple, device) -> tor
 
 def chunk_gated_delta_rule_triton(
     *, q, k, v, g, beta, cu_seqlens, initial_state=None, scale: float | None = None,
-    state_pool=None, state_indices=None, boundary_out=None, config: LaunchConfig | None = None,
+    state_pool=None, state_indices=None, write_indices=None, boundary_out=None,
+    config: LaunchConfig | None = None,
 ) -> GdnResult:
     """Chunked prefill of a packed varlen batch; same contract and result as ``reference.chunk_gated_delta_rule``.
 
@@ -373,6 +389,11 @@ def chunk_gated_delta_rule_triton(
     boundary states, sequence after sequence; the returned ``boundary_states`` are views into it.
     ``output`` has v's dtype; the states are float32. ``cu_seqlens`` is read on the host: keep it
     there (a device tensor costs a synchronisation).
+
+    ``write_indices`` [B] (with ``state_pool``): the pool rows that receive the final states instead
+    of ``state_indices`` (a row may repeat only if nobody reads it: a padding sink). The final and
+    boundary states are then written to the pool alone: the result holds ``final_state=None`` and
+    no boundary states (the chunk-exact decode step, which keeps a state only at a boundary).
     """
     state_shape = _check_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     n_seq, hv, k_dim, v_dim = state_shape
@@ -381,25 +402,33 @@ def chunk_gated_delta_rule_triton(
         raise ValueError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     config = config or _default_walk_config(n_seq * hv, v_dim, q.device)
     scale = k_dim**-0.5 if scale is None else scale
-    starts, lengths = cu_seqlens[:-1].tolist(), cu_seqlens.diff().tolist()
-    plan = _plan_chunks(starts, lengths)
+    plan, tables = _chunk_tables(tuple(cu_seqlens.tolist()), q.device)
     source, source_rows = _initial_source(initial_state, state_pool, state_indices, n_seq, state_shape[1:], q.device)
-    boundary = _boundary_buffer(boundary_out, sum(plan.full_chunks), state_shape[1:], q.device)
-    tables = torch.tensor(plan.chunk_row0 + plan.chunk_rows + starts + lengths + plan.seq_first_boundary,
-                          device=q.device, dtype=torch.int32)
+    store_states = write_indices is None
+    if not store_states:
+        if state_pool is None or boundary_out is not None or tuple(write_indices.shape) != (n_seq,):
+            raise ValueError(f"write_indices must be [{n_seq}] and come with state_pool (and no boundary_out)")
+        write_rows = write_indices.to(device=q.device, dtype=torch.int32)
+    boundary = _boundary_buffer(boundary_out, sum(plan.full_chunks) if store_states else 0, state_shape[1:],
+                                q.device)
     chunk_row0, chunk_rows, seq_row0, seq_len, seq_first_boundary = tables.split(
         [len(plan.chunk_row0), len(plan.chunk_rows), n_seq, n_seq, n_seq])
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     prepared = _prepare_chunks(q, k, v, g, beta, chunk_row0, chunk_rows, scale)
-    final = torch.empty(state_shape, device=q.device, dtype=torch.float32)
+    final = torch.empty(state_shape if store_states else (0,), device=q.device, dtype=torch.float32)
     out = torch.empty_like(v)
     init, init_rows = (final, seq_len) if source is None else (source, source_rows)  # (unread placeholders)
+    if store_states:
+        write_rows = init_rows
     if n_seq:
         _state_output_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
             q, k, prepared.w, prepared.u, prepared.aqk, prepared.gcum, out, seq_row0, seq_len, seq_first_boundary,
-            init, init_rows, init.stride(0), final, boundary if boundary.numel() else final, scale, q.shape[1], hv,
-            K=k_dim, V=v_dim, BV=config.block_v, HAS_INIT=source is not None, WRITE_BACK=state_pool is not None,
+            init, init_rows, write_rows, init.stride(0), final, boundary if boundary.numel() else final, scale,
+            q.shape[1], hv, K=k_dim, V=v_dim, BV=config.block_v, HAS_INIT=source is not None,
+            WRITE_BACK=state_pool is not None, STORE_STATES=store_states,
             num_warps=config.num_warps, num_stages=config.num_stages)
+    if not store_states:
+        return GdnResult(out, None, [])
     firsts = plan.seq_first_boundary
     return GdnResult(out, final, [boundary[f : f + n] for f, n in zip(firsts, plan.full_chunks)])
 

@@ -1,0 +1,91 @@
+"""``decode_step`` (Triton kernels on the pools, in place) against ``HybridModel.forward`` (the specification).
+
+Sequences sit at lengths on both sides of a 64-boundary, so one step both appends pending rows and
+completes chunks; the pools must afterwards hold exactly what the runner would have written from the
+model's returned states, and nothing may land outside the slots and pages the step names.
+"""
+
+import pytest
+import torch
+
+from mini_engine.device.sim import SimDevice
+from mini_engine.engine.storage import KVStorage, StateStorage
+from mini_engine.model.decode import SINK, Pools, decode_step
+
+PAGE = 4
+LENGTHS = (5, 63, 127, 64, 1)  # 63 and 127 complete a chunk with this token
+SLOTS = (3, 1, 6, 2, 5)
+
+
+def _prefill(model, states, kv, tables, rng):
+    cold = []
+    for length, slot, table in zip(LENGTHS, SLOTS, tables):
+        tokens = torch.randint(0, model.config.vocab_size, (length,), generator=rng)
+        out = model([tokens], [model.new_state()])[0]
+        states.write(slot, out.state)
+        kv.scatter(table, 0, out.state.keys, out.state.values)
+        cold.append(out.state)
+    return cold
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model):
+    rng = torch.Generator().manual_seed(5)
+    device = SimDevice()
+    states = StateStorage(tiny_model.config, 8, device)
+    kv = KVStorage(tiny_model.config, 256, PAGE, device)
+    # interleaved, non-contiguous page tables: sequence b owns pages b+1, b+1+5, ...
+    tables = [[1 + b + 5 * i for i in range(-(-(length + 1) // PAGE))] for b, length in enumerate(LENGTHS)]
+    cold = _prefill(tiny_model, states, kv, tables, rng)
+    width = max(map(len, tables))
+    page_table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (len(LENGTHS),), generator=rng)
+    pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
+    before = [t.clone() for t in pools]
+    logits = decode_step(tiny_model, pools, tokens, list(SLOTS), list(LENGTHS), page_table)
+    want = tiny_model([t.reshape(1) for t in tokens], cold)
+    return states, kv, tables, before, logits, want
+
+
+def test_logits_match_the_model_forward(setup):
+    _, _, _, _, logits, want = setup
+    torch.testing.assert_close(logits, torch.cat([w.logits for w in want]), rtol=1e-4, atol=1e-5)
+
+
+def test_slots_hold_the_advanced_states(setup):
+    states, _, _, _, _, want = setup
+    for slot, w in zip(SLOTS, want):
+        conv, rec, pending = states.read(slot, w.state.length)
+        torch.testing.assert_close(conv, w.state.conv, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(rec, w.state.rec, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(pending, w.state.pending, rtol=1e-5, atol=1e-6)
+    assert {w.state.length % 64 for w in want} >= {0, 6}, "the step must both complete and extend chunks"
+
+
+def test_pages_hold_the_new_keys_and_values(setup):
+    _, kv, tables, _, _, want = setup
+    for table, w in zip(tables, want):
+        keys, values = kv.gather(table, w.state.length)
+        # the new K/V come from hidden states that went through the other kernels' arithmetic
+        torch.testing.assert_close(keys, w.state.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(values, w.state.values, rtol=1e-4, atol=1e-5)
+
+
+def test_nothing_outside_the_named_slots_and_pages_changes(setup):
+    states, kv, tables, before, _, _ = setup
+    untouched = [s for s in range(states.conv.shape[0]) if s not in SLOTS and s != SINK]
+    for now, then in zip((states.conv, states.rec, states.pending), before[:3]):
+        assert torch.equal(now[untouched], then[untouched])
+    used = {p for t in tables for p in t}
+    free = [p for p in range(kv.keys.shape[0]) if p not in used]
+    assert torch.equal(kv.keys[free], before[3][free]) and torch.equal(kv.values[free], before[4][free])
+
+
+def test_bad_slots_are_refused(tiny_model):
+    pools = Pools(*(torch.zeros(1) for _ in range(5)))
+    with pytest.raises(ValueError, match="distinct live slots"):
+        decode_step(tiny_model, pools, torch.zeros(2, dtype=torch.long), [SINK, 1], [3, 3],
+                    torch.zeros(2, 1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="one slot, position, token"):
+        decode_step(tiny_model, pools, torch.zeros(1, dtype=torch.long), [1, 2], [3, 3],
+                    torch.zeros(2, 1, dtype=torch.int32))
