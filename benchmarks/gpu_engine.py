@@ -11,8 +11,12 @@ so prefill and start-up cancel: ``batch * (long - short) / (t_long - t_short)``.
 greedily with end-of-sequence ignored. The roofline is one read of every weight per step at the
 device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints a table, writes JSON.
 
+The engine runs once per ``--decode-kernels`` (``triton``: decode steps through ``model.decode``, the
+kernels on the pools; ``reference``: through ``HybridModel.forward``), side by side. ``--profile FILE``
+writes torch.profiler's table of one batch-1 run per decode path (where a step's time goes).
+
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
-[--dtype float32] [--hf-dtype float32 bfloat16] [--out FILE]``.
+[--decode-kernels triton reference] [--hf-dtype float32 bfloat16] [--profile FILE] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -48,10 +52,10 @@ def prompts(batch: int, length: int) -> list[list[int]]:
     return torch.randint(0, 256, (batch, length), generator=gen).tolist()
 
 
-def engine_seconds(model: HybridModel, batch: int, prompt: int, new: int) -> float:
+def engine_seconds(model: HybridModel, batch: int, prompt: int, new: int, decode_kernels: str = "triton") -> float:
     pages = batch * (-(-(prompt + new) // 16)) + 64
     config = EngineConfig(device="cuda", overlap=True, max_running=batch, num_slots=3 * batch + 8, num_pages=pages,
-                          max_context=prompt + new + 64, threads=None)
+                          max_context=prompt + new + 64, threads=None, decode_kernels=decode_kernels)
     engine = Engine(config, model=model)
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -83,13 +87,33 @@ def decode_rate(seconds, batch: int, args) -> dict:
     return {"batch": batch, "short_s": short, "long_s": long, "steps_per_s": steps, "tokens_per_s": steps * batch}
 
 
+def profile(model: HybridModel, args) -> None:
+    """torch.profiler tables (by CPU and by CUDA time) of one batch-1 engine run per decode path."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with open(args.profile, "w") as f:
+        for kernels in args.decode_kernels:
+            engine_seconds(model, 1, args.prompt, args.short, kernels)  # warm
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                seconds = engine_seconds(model, 1, args.prompt, args.long, kernels)
+            averages = prof.key_averages()
+            f.write(f"== {kernels} decode, batch 1, prompt {args.prompt}, {args.long} new tokens: {seconds:.3f} s "
+                    f"(under the profiler)\n")
+            f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
+            f.write(averages.table(sort_by="self_cuda_time_total", row_limit=25) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
+    parser.add_argument("--decode-kernels", nargs="+", default=["triton", "reference"],
+                        choices=["triton", "reference"])
     parser.add_argument("--hf-dtype", nargs="*", default=["float32", "bfloat16"])
+    parser.add_argument("--profile", default=None, help="write torch.profiler tables of a batch-1 run here")
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -104,9 +128,12 @@ def main() -> None:
         ours = load_pretrained(folder).cuda()
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
         rows = []
-        for batch in args.batches:
-            rows.append({"engine": "mini-engine (float32)", **decode_rate(
-                lambda b, p, n: engine_seconds(ours, b, p, n), batch, args)})
+        for kernels in args.decode_kernels:
+            for batch in args.batches:
+                rows.append({"engine": f"mini-engine (float32, {kernels} decode)", **decode_rate(
+                    lambda b, p, n: engine_seconds(ours, b, p, n, kernels), batch, args)})
+        if args.profile:
+            profile(ours, args)
         del ours
         for dtype in args.hf_dtype:
             hf = Qwen3_5ForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).cuda().eval()
@@ -127,7 +154,7 @@ def main() -> None:
         ours = next(r for r in rows if r["batch"] == batch and r["engine"].startswith("mini"))
         for r in rows:
             if r["batch"] == batch and r is not ours:
-                print(f"batch {batch}: mini-engine / {r['engine']} = {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x")
+                print(f"batch {batch}: {ours['engine']} / {r['engine']} = {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": device, "model": config.name, "weight_bytes": weight_bytes,

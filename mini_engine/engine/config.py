@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.faults import parse_faults
 
-__all__ = ["DONATE_POLICIES", "EngineConfig"]
+__all__ = ["DECODE_KERNELS", "DONATE_POLICIES", "EngineConfig"]
 
 DONATE_POLICIES = ("copy", "transfer")
+DECODE_KERNELS = ("auto", "reference", "triton")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ class EngineConfig:
     # The harness's request: with a sink, every donation also reports the checksum of the state its
     # prefix should have, recomputed cold and alone (a ``reference_state`` row; costs a prefill).
     reference_states: bool = False
+    # How decode steps run: "reference" through HybridModel.forward (states gathered and scattered),
+    # "triton" through model.decode.decode_step (the kernels, on the pools in place; needs a GPU or
+    # TRITON_INTERPRET=1), "auto": triton on cuda, reference on the sim.
+    decode_kernels: str = "auto"
     # Safeguards switched off (``mini_engine.faults.FAULTS``); "donate=transfer" and
     # donate_policy="transfer" are the same thing and each implies the other.
     faults: Iterable[str] = field(default_factory=frozenset)
@@ -62,17 +68,32 @@ class EngineConfig:
                              f"({3 * self.max_running}): each running request holds a live and two ping-pong slots")
         if self.device not in ("sim", "cuda"):
             raise ValueError(f"EngineConfig.device must be 'sim' or 'cuda'; got {self.device!r}")
+        if self.decode_kernels not in DECODE_KERNELS:
+            raise ValueError(f"EngineConfig.decode_kernels={self.decode_kernels!r}; allowed: {DECODE_KERNELS}")
+        if self.decode_path == "triton" and self.device == "sim" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("EngineConfig.decode_kernels='triton' on the sim needs TRITON_INTERPRET=1 in the "
+                             "environment (set before triton is imported); or use decode_kernels='reference'")
+
+    @property
+    def decode_path(self) -> str:
+        """"reference" or "triton": ``decode_kernels`` with "auto" resolved for the device."""
+        if self.decode_kernels == "auto":
+            return "triton" if self.device == "cuda" else "reference"
+        return self.decode_kernels
 
     @property
     def bit_exact(self) -> bool:
         """Whether a hit reproduces its cold run bit for bit (logits and slot states alike).
 
-        True on the sim: the CPU primitives are batch-invariant (``tests/unit/test_invariant.py``).
-        False on cuda: on the H200 a hit's logits differ from its cold run's in the last bits (the
-        chunked gated delta rule gives a sequence other bits next to other sequences, ~2e-7;
-        ``benchmarks/gpu_invariance.py``), so there only greedy tokens and the copies' own checksums
+        True on the sim with the reference decode: the CPU primitives are batch-invariant
+        (``tests/unit/test_invariant.py``) and prefill and decode share them. False on cuda: on the
+        H200 a hit's logits differ from its cold run's in the last bits (the chunked gated delta rule
+        gives a sequence other bits next to other sequences, ~2e-7; ``benchmarks/gpu_invariance.py``).
+        False with the Triton decode anywhere: its kernels are batch-invariant, but a position computed
+        by a decode step (a reply a follow-up turn restores) gets other bits than the same position
+        computed by a prefill (its cold run). There only greedy tokens and the copies' own checksums
         compare exactly."""
-        return self.device == "sim"
+        return self.device == "sim" and self.decode_path == "reference"
 
     def has_fault(self, name: str) -> bool:
         """Whether the safeguard ``name`` removes is switched off (``name`` must be a known fault)."""

@@ -96,7 +96,8 @@ class Engine:
             fence=fenced, predecessor=fenced, instrumentation=self.events)
         self.runner = ModelRunner(self.model, self.states, self.kv, self.device, self.compute, self.metadata,
                                   self.fences, instrumentation=self.events,
-                                  track_writer="track_writer=off" not in config.faults)
+                                  track_writer="track_writer=off" not in config.faults,
+                                  decode_path=config.decode_path)
         self.requests: dict[str, Request] = {}
         self.steps = 0
         self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)

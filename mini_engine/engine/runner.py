@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Event, Stream
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
@@ -18,8 +19,10 @@ from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
+from mini_engine.model.decode import Pools, decode_step
 from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
+from mini_engine.model.state import Snapshot
 from mini_engine.ops.checksum import slot_checksum
 
 __all__ = ["Batch", "BatchItem", "ModelRunner"]
@@ -54,10 +57,14 @@ class ModelRunner:
 
     def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
                  stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences, *,
-                 instrumentation: Instrumentation, track_writer: bool = True) -> None:
+                 instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference") -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
+        if decode_path not in ("reference", "triton"):
+            raise ValueError(f"decode_path must be 'reference' or 'triton'; got {decode_path!r}")
+        self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
+        self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
         self._batches = 0
 
     def results(self, batch: Batch) -> list[tuple[int, int]]:
@@ -101,14 +108,25 @@ class ModelRunner:
     def _forward(self, batch: Batch, shards: tuple[torch.Tensor, ...]) -> None:
         items = batch.items
         resident = gather_shards(shards)  # read when the kernel runs: whatever has landed by then
-        decode_rows = iter(range(len(items)))
-        pages = [list(it.pages) if it.tokens is not None else resident[next(decode_rows)].tolist()
-                 for it in items]
+        decode = [i for i, it in enumerate(items) if it.tokens is None]  # decode item r reads resident row r
+        row_of = {i: r for r, i in enumerate(decode)}
+        fast = decode if self.decode_path == "triton" else []
+        rest = [i for i in range(len(items)) if i not in set(fast)]
+        if rest:
+            self._forward_model(batch, rest, {i: list(items[i].pages) if i not in row_of
+                                              else resident[row_of[i]].tolist() for i in rest})
+        if fast:
+            self._decode_in_place(batch, fast, resident[: len(decode)])
+
+    def _forward_model(self, batch: Batch, indices: list[int], pages: dict[int, list[int]]) -> None:
+        """Items ``indices`` of the batch through ``HybridModel.forward``: each state gathered from the pools
+        into tensors, advanced, and written back."""
+        items = [batch.items[i] for i in indices]
         tokens = [it.tokens if it.tokens is not None else self.states.next_token[it.live_slot].reshape(1).clone()
                   for it in items]
-        states = [self._gather(it, p) for it, p in zip(items, pages)]
+        states = [self._gather(it, pages[i]) for i, it in zip(indices, items)]
         outputs = self.model(tokens, states, media=[_media_rows(it) for it in items])
-        for i, (it, out) in enumerate(zip(items, outputs)):
+        for i, it, out in zip(indices, items, outputs):
             self.states.write(it.live_slot, out.state)
             new = slice(it.start, it.start + it.length)
             self.kv.scatter(pages[i], it.start, out.state.keys[:, new], out.state.values[:, new])
@@ -123,6 +141,32 @@ class ModelRunner:
                 self.states.next_token[it.live_slot] = token
             if self.events.enabled:
                 self._report_writes(batch.index, it, wrote_track, pages[i])
+
+    def _decode_in_place(self, batch: Batch, indices: list[int], table: torch.Tensor) -> None:
+        """Decode items ``indices`` (one token each, their page tables the resident ``table`` rows) through
+        ``decode_step``: the pools advance in place, and greedy tokens are picked on the device."""
+        items = [batch.items[i] for i in indices]
+        slots = [it.live_slot for it in items]
+        device = self.states.next_token.device
+        slot_ids = torch.tensor(slots).to(device, non_blocking=True)
+        logits = decode_step(self.model, self.pools, self.states.next_token.index_select(0, slot_ids), slots,
+                             [it.start for it in items], table)
+        tokens = logits.argmax(-1)
+        for r, it in enumerate(items):
+            if it.request.params.temperature != 0:
+                tokens[r] = self._sample(logits[r], it.request, it.start + it.length)
+        self.states.next_token.index_copy_(0, slot_ids, tokens)
+        rows = torch.tensor(indices).to(device, non_blocking=True)
+        batch.sampled[:, 0].index_copy_(0, rows, tokens)
+        for r, it in enumerate(items):
+            # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
+            wrote_track = it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer
+            if wrote_track:
+                live = it.live_slot
+                self._write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
+            if self.events.enabled:
+                batch.sampled[indices[r], 1] = slot_checksum(logits[r]) & _CHECK_MASK
+                self._report_writes(batch.index, it, wrote_track, table[r].tolist())
 
     def _report_writes(self, batch: int, it: BatchItem, wrote_track: bool, pages_read: list[int]) -> None:
         """Device-side ledger rows: checksums of what this forward wrote, and of the page table a

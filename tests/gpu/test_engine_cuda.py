@@ -30,13 +30,14 @@ def run(model, requests, **options):
     return [engine.result(r) for r in ids]
 
 
+@pytest.mark.parametrize("decode_kernels", ["triton", "reference"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
-def test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu(cuda_model, overlap):
-    """Same greedy tokens with the cache on as off. (Not the same logits bits: the chunked gated delta
-    rule is not batch-invariant on CUDA; benchmarks/gpu_invariance.py.)"""
+def test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu(cuda_model, overlap, decode_kernels):
+    """Same greedy tokens with the cache on as off, with either decode path. (Not the same logits bits:
+    the chunked gated delta rule is not batch-invariant on CUDA; benchmarks/gpu_invariance.py.)"""
     requests = hit_heavy()
-    hot = run(cuda_model, requests, overlap=overlap)
-    cold = run(cuda_model, requests, enable_cache=False)
+    hot = run(cuda_model, requests, overlap=overlap, decode_kernels=decode_kernels)
+    cold = run(cuda_model, requests, enable_cache=False, decode_kernels=decode_kernels)
     assert sum(r.cached_tokens > 0 for r in hot) >= 24
     assert [r.output_ids for r in hot] == [r.output_ids for r in cold]
 

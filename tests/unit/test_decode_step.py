@@ -13,8 +13,9 @@ from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.model.decode import SINK, Pools, decode_step
 
 PAGE = 4
-LENGTHS = (5, 63, 127, 64, 1)  # 63 and 127 complete a chunk with this token
-SLOTS = (3, 1, 6, 2, 5)
+LENGTHS = (5, 63, 127, 64, 1, 300)  # 63 and 127 complete a chunk with this token; 300 needs two attention splits
+SLOTS = (3, 1, 6, 2, 5, 7)
+ALONE = 0  # the sequence also decoded alone, on a copy of the pools
 
 
 def _prefill(model, states, kv, tables, rng):
@@ -28,42 +29,51 @@ def _prefill(model, states, kv, tables, rng):
     return cold
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_model):
+def build(model, device):
+    """Prefill every sequence with the model into pools on ``device``, then one ``decode_step`` for all, one
+    for sequence ALONE on a copy of the pools, and the model's own decode step from the cold states."""
     rng = torch.Generator().manual_seed(5)
-    device = SimDevice()
-    states = StateStorage(tiny_model.config, 8, device)
-    kv = KVStorage(tiny_model.config, 256, PAGE, device)
-    # interleaved, non-contiguous page tables: sequence b owns pages b+1, b+1+5, ...
-    tables = [[1 + b + 5 * i for i in range(-(-(length + 1) // PAGE))] for b, length in enumerate(LENGTHS)]
-    cold = _prefill(tiny_model, states, kv, tables, rng)
+    states = StateStorage(model.config, 8, device)
+    kv = KVStorage(model.config, 512, PAGE, device)
+    # interleaved, non-contiguous page tables: sequence b owns pages b+1, b+1+6, ...
+    tables = [[1 + b + 6 * i for i in range(-(-(length + 1) // PAGE))] for b, length in enumerate(LENGTHS)]
+    cold = _prefill(model, states, kv, tables, rng)
     width = max(map(len, tables))
-    page_table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    tokens = torch.randint(0, tiny_model.config.vocab_size, (len(LENGTHS),), generator=rng)
+    dev = states.conv.device
+    page_table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+    tokens = torch.randint(0, model.config.vocab_size, (len(LENGTHS),), generator=rng).to(dev)
     pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
     before = [t.clone() for t in pools]
-    logits = decode_step(tiny_model, pools, tokens, list(SLOTS), list(LENGTHS), page_table)
-    want = tiny_model([t.reshape(1) for t in tokens], cold)
-    return states, kv, tables, before, logits, want
+    alone = decode_step(model, Pools(*(t.clone() for t in before)), tokens[ALONE : ALONE + 1], [SLOTS[ALONE]],
+                        [LENGTHS[ALONE]], page_table[ALONE : ALONE + 1, : len(tables[ALONE])].contiguous())
+    logits = decode_step(model, pools, tokens, list(SLOTS), list(LENGTHS), page_table)
+    want = model([t.reshape(1) for t in tokens], cold)
+    return states, kv, tables, before, logits, want, alone
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model):
+    return build(tiny_model, SimDevice())
 
 
 def test_logits_match_the_model_forward(setup):
-    _, _, _, _, logits, want = setup
+    _, _, _, _, logits, want, _ = setup
     torch.testing.assert_close(logits, torch.cat([w.logits for w in want]), rtol=1e-4, atol=1e-5)
 
 
 def test_slots_hold_the_advanced_states(setup):
-    states, _, _, _, _, want = setup
+    states, _, _, _, _, want, _ = setup
+    # (each layer's inputs went through the earlier layers' kernels: a few ulps, grown layer by layer)
     for slot, w in zip(SLOTS, want):
         conv, rec, pending = states.read(slot, w.state.length)
-        torch.testing.assert_close(conv, w.state.conv, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(conv, w.state.conv, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(rec, w.state.rec, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(pending, w.state.pending, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pending, w.state.pending, rtol=1e-4, atol=1e-5)
     assert {w.state.length % 64 for w in want} >= {0, 6}, "the step must both complete and extend chunks"
 
 
 def test_pages_hold_the_new_keys_and_values(setup):
-    _, kv, tables, _, _, want = setup
+    _, kv, tables, _, _, want, _ = setup
     for table, w in zip(tables, want):
         keys, values = kv.gather(table, w.state.length)
         # the new K/V come from hidden states that went through the other kernels' arithmetic
@@ -72,13 +82,20 @@ def test_pages_hold_the_new_keys_and_values(setup):
 
 
 def test_nothing_outside_the_named_slots_and_pages_changes(setup):
-    states, kv, tables, before, _, _ = setup
+    states, kv, tables, before, _, _, _ = setup
     untouched = [s for s in range(states.conv.shape[0]) if s not in SLOTS and s != SINK]
     for now, then in zip((states.conv, states.rec, states.pending), before[:3]):
         assert torch.equal(now[untouched], then[untouched])
     used = {p for t in tables for p in t}
     free = [p for p in range(kv.keys.shape[0]) if p not in used]
     assert torch.equal(kv.keys[free], before[3][free]) and torch.equal(kv.values[free], before[4][free])
+
+
+def test_a_sequence_gets_the_same_bits_alone_as_in_a_batch(setup):
+    """Batch invariance: the sequence decoded alone (one attention split, a narrower page table, a batch
+    of one) gets bit for bit the logits it gets next to five others."""
+    _, _, _, _, logits, _, alone = setup
+    assert torch.equal(alone[0], logits[ALONE])
 
 
 def test_bad_slots_are_refused(tiny_model):
