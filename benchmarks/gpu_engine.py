@@ -11,12 +11,14 @@ so prefill and start-up cancel: ``batch * (long - short) / (t_long - t_short)``.
 greedily with end-of-sequence ignored. The roofline is one read of every weight per step at the
 device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints a table, writes JSON.
 
-The engine runs once per ``--decode-kernels`` (``triton``: decode steps through ``model.decode``, the
-kernels on the pools; ``reference``: through ``HybridModel.forward``), side by side. ``--profile FILE``
-writes torch.profiler's table of one batch-1 run per decode path (where a step's time goes).
+The engine runs once per ``--variants``, side by side: ``graphs`` (decode steps through
+``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size: the
+default engine), ``triton`` (the same step launched eagerly) and ``reference`` (through
+``HybridModel.forward``). ``--profile FILE`` writes torch.profiler's tables of one batch-1 run per
+variant (where a step's time goes).
 
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
-[--decode-kernels triton reference] [--hf-dtype float32 bfloat16] [--profile FILE] [--out FILE]``.
+[--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--profile FILE] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -52,10 +54,15 @@ def prompts(batch: int, length: int) -> list[list[int]]:
     return torch.randint(0, 256, (batch, length), generator=gen).tolist()
 
 
-def engine_seconds(model: HybridModel, batch: int, prompt: int, new: int, decode_kernels: str = "triton") -> float:
+VARIANTS = {"graphs": {"decode_kernels": "triton", "cuda_graphs": True},
+            "triton": {"decode_kernels": "triton", "cuda_graphs": False},
+            "reference": {"decode_kernels": "reference"}}
+
+
+def engine_seconds(model: HybridModel, batch: int, prompt: int, new: int, variant: str = "graphs") -> float:
     pages = batch * (-(-(prompt + new) // 16)) + 64
     config = EngineConfig(device="cuda", overlap=True, max_running=batch, num_slots=3 * batch + 8, num_pages=pages,
-                          max_context=prompt + new + 64, threads=None, decode_kernels=decode_kernels)
+                          max_context=prompt + new + 64, threads=None, **VARIANTS[variant])
     engine = Engine(config, model=model)
     torch.cuda.synchronize()
     started = time.perf_counter()
@@ -93,12 +100,12 @@ def profile(model: HybridModel, args) -> None:
     from torch.profiler import profile as torch_profile
 
     with open(args.profile, "w") as f:
-        for kernels in args.decode_kernels:
-            engine_seconds(model, 1, args.prompt, args.short, kernels)  # warm
+        for variant in args.variants:
+            engine_seconds(model, 1, args.prompt, args.short, variant)  # warm
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                seconds = engine_seconds(model, 1, args.prompt, args.long, kernels)
+                seconds = engine_seconds(model, 1, args.prompt, args.long, variant)
             averages = prof.key_averages()
-            f.write(f"== {kernels} decode, batch 1, prompt {args.prompt}, {args.long} new tokens: {seconds:.3f} s "
+            f.write(f"== {variant}, batch 1, prompt {args.prompt}, {args.long} new tokens: {seconds:.3f} s "
                     f"(under the profiler)\n")
             f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
             f.write(averages.table(sort_by="self_cuda_time_total", row_limit=25) + "\n")
@@ -110,8 +117,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
-    parser.add_argument("--decode-kernels", nargs="+", default=["triton", "reference"],
-                        choices=["triton", "reference"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--hf-dtype", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--profile", default=None, help="write torch.profiler tables of a batch-1 run here")
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
@@ -128,10 +134,10 @@ def main() -> None:
         ours = load_pretrained(folder).cuda()
         weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
         rows = []
-        for kernels in args.decode_kernels:
+        for variant in args.variants:
             for batch in args.batches:
-                rows.append({"engine": f"mini-engine (float32, {kernels} decode)", **decode_rate(
-                    lambda b, p, n: engine_seconds(ours, b, p, n, kernels), batch, args)})
+                rows.append({"engine": f"mini-engine (float32, {variant})", **decode_rate(
+                    lambda b, p, n: engine_seconds(ours, b, p, n, variant), batch, args)})
         if args.profile:
             profile(ours, args)
         del ours

@@ -39,6 +39,7 @@ class EngineConfig:
     # "triton" through model.decode.decode_step (the kernels, on the pools in place; needs a GPU or
     # TRITON_INTERPRET=1), "auto": triton on cuda, reference on the sim.
     decode_kernels: str = "auto"
+    cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
     # Safeguards switched off (``mini_engine.faults.FAULTS``); "donate=transfer" and
     # donate_policy="transfer" are the same thing and each implies the other.
     faults: Iterable[str] = field(default_factory=frozenset)

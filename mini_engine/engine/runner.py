@@ -19,7 +19,7 @@ from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
-from mini_engine.model.decode import Pools, decode_step
+from mini_engine.model.decode import DecodeGraphs, Pools, decode_step
 from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
@@ -57,7 +57,8 @@ class ModelRunner:
 
     def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
                  stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences, *,
-                 instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference") -> None:
+                 instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference",
+                 cuda_graphs: bool = False) -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
@@ -65,6 +66,8 @@ class ModelRunner:
             raise ValueError(f"decode_path must be 'reference' or 'triton'; got {decode_path!r}")
         self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
         self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
+        self.graphs = (DecodeGraphs(model, self.pools, states.next_token)
+                       if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0
 
     def results(self, batch: Batch) -> list[tuple[int, int]]:
@@ -149,8 +152,12 @@ class ModelRunner:
         slots = [it.live_slot for it in items]
         device = self.states.next_token.device
         slot_ids = torch.tensor(slots).to(device, non_blocking=True)
-        logits = decode_step(self.model, self.pools, self.states.next_token.index_select(0, slot_ids), slots,
-                             [it.start for it in items], table)
+        positions = [it.start for it in items]
+        if self.graphs is not None:
+            logits = self.graphs(slots, positions, table)
+        else:
+            logits = decode_step(self.model, self.pools, self.states.next_token.index_select(0, slot_ids), slots,
+                                 positions, table)
         tokens = logits.argmax(-1)
         for r, it in enumerate(items):
             if it.request.params.temperature != 0:

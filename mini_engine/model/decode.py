@@ -7,16 +7,20 @@ prefix re-read through Python. ``decode_step`` computes the same step with the T
 straight on the pools, in a fixed number of launches per layer whatever the batch:
 
 - conv: ``causal_conv1d_update`` on the slot's conv rows, in place;
-- Gated DeltaNet, chunk-exact as the state is kept (``mini_engine.model.state``): each sequence's
-  pending rows and its new row form one zero-padded 64-row chunk, and the chunked kernel computes it
-  from the slot's recurrent state at the boundary. The new token's output is its row of that chunk;
-  the new row joins the slot's pending rows, or, when it completes the chunk, the chunk's end state
-  is written into the slot (the other sequences' end states go to the padding sink, slot 0);
+- Gated DeltaNet, on the state as it is kept (``mini_engine.model.state``: the recurrent state at
+  the last 64-boundary and the prepared rows since): ``pending_replay_decode_triton`` replays the
+  slot's pending rows and the new row from the boundary state in registers and reads the new
+  token's output. The new row joins the slot's pending rows, or, when it completes the chunk, the
+  kernel writes the state at the new boundary into the slot. (The recurrent rule, not the chunked
+  one: the same value to rounding, at one program per sequence and head whatever the chunk's fill.)
 - attention: the new K/V written into the pages of the *resident* page table the caller passes
   (what the device holds, stale or not), then paged decode attention over those pages.
 
-Zero rows after a chunk's last real row are exactly what the kernel's masked loads produce, so the
-padded chunk computes what an unpadded one would. Only the greedy argmax is left to the caller.
+Only the greedy argmax is left to the caller.
+
+Nothing in the step reads the device from the host or sizes a tensor by a value, so on CUDA
+``DecodeGraphs`` captures it once per batch size and replays it: a step costs a few copies and one
+graph launch on the host instead of thousands of kernel launches.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ import torch
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
 
-__all__ = ["Pools", "decode_step"]
+__all__ = ["DecodeGraphs", "Pools", "decode_step", "step_inputs"]
 
-SINK = 0  # the slot that receives the chunk-end states nobody keeps
+SINK = 0  # the padding slot: it receives the pending rows nobody keeps
 
 
 class Pools(NamedTuple):
@@ -44,30 +48,30 @@ class Pools(NamedTuple):
 
 
 class _Step(NamedTuple):
-    """One step's per-sequence indices on the device, uploaded together."""
+    """One step's per-sequence indices, derived on the device from the uploaded ``[3, B]`` inputs (so a CUDA
+    graph replays them from a static buffer)."""
 
     slots: torch.Tensor  # [B] long: live slot
     positions: torch.Tensor  # [B] long: absolute position of the token fed
     rows: torch.Tensor  # [B] long: the token's row in its chunk (position % 64)
-    write_rows: torch.Tensor  # [B] long: its slot if the token completes a chunk, else the sink
-    keep: torch.Tensor  # [B, 63, 1] float: 1 for the pending rows that mean something
+    pending_slots: torch.Tensor  # [B] long: its slot if the token joins the pending rows, else the sink
     seq_lens: torch.Tensor  # [B] int32: keys after this token (position + 1)
-    cu_chunks: torch.Tensor  # host [B + 1]: one 64-row chunk per sequence
-    max_len: int
-    pending: list[int]  # sequences whose token joins the pending rows (the chunk is not complete)
 
 
-def _plan(slots: list[int], positions: list[int], device: torch.device) -> _Step:
-    rows = [p % SNAPSHOT_ALIGN for p in positions]
-    complete = [r == SNAPSHOT_ALIGN - 1 for r in rows]
-    write_rows = [s if c else SINK for s, c in zip(slots, complete)]
-    host = torch.tensor([slots, positions, rows, write_rows], dtype=torch.long)
-    slots_t, positions_t, rows_t, write_t = host.to(device, non_blocking=True).unbind(0)
-    keep = (torch.arange(SNAPSHOT_ALIGN - 1, device=device)[None, :] < rows_t[:, None]).float()[..., None]
-    n = len(slots)
-    return _Step(slots_t, positions_t, rows_t, write_t, keep, (positions_t + 1).to(torch.int32),
-                 torch.arange(0, n * SNAPSHOT_ALIGN + 1, SNAPSHOT_ALIGN), max(positions) + 1,
-                 [i for i, c in enumerate(complete) if not c])
+def step_inputs(slots: list[int], positions: list[int]) -> torch.Tensor:
+    """The host ``[3, B]`` long tensor a step uploads: slots, positions, and where the new pending row goes
+    (the slot, or the sink when the token completes its chunk and the slot keeps no pending row)."""
+    if not len(slots) == len(positions):
+        raise ValueError(f"one position per slot; got {len(slots)} slots and {len(positions)} positions")
+    if SINK in slots or len(set(slots)) != len(slots):
+        raise ValueError(f"decode_step needs distinct live slots other than the sink {SINK}; got {slots}")
+    complete = [p % SNAPSHOT_ALIGN == SNAPSHOT_ALIGN - 1 for p in positions]
+    return torch.tensor([slots, positions, [SINK if c else s for s, c in zip(slots, complete)]], dtype=torch.long)
+
+
+def _step(inputs: torch.Tensor) -> _Step:
+    slots, positions, pending_slots = inputs.unbind(0)
+    return _Step(slots, positions, positions % SNAPSHOT_ALIGN, pending_slots, (positions + 1).to(torch.int32))
 
 
 @torch.no_grad()
@@ -81,9 +85,19 @@ def decode_step(model, pools: Pools, tokens: torch.Tensor, slots: list[int], pos
     if not len(slots) == len(positions) == tokens.shape[0] == page_table.shape[0]:
         raise ValueError(f"decode_step needs one slot, position, token and page-table row per sequence; got "
                          f"{len(slots)}, {len(positions)}, {tokens.shape[0]}, {page_table.shape[0]}")
-    if SINK in slots or len(set(slots)) != len(slots):
-        raise ValueError(f"decode_step needs distinct live slots other than the sink {SINK}; got {slots}")
-    step = _plan(slots, positions, tokens.device)
+    inputs = _upload(step_inputs(slots, positions), tokens.device)
+    return _decode(model, pools, tokens, inputs, page_table)
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        host = host.pin_memory()  # the caching host allocator keeps it until the copy has run
+    return host.to(device, non_blocking=True)
+
+
+def _decode(model, pools: Pools, tokens: torch.Tensor, inputs: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    """The step on device tensors alone: no host read, no shape that depends on values (graph-capturable)."""
+    step = _step(inputs)
     x = model.model.embed_tokens(tokens).float()
     lin = full = 0
     for layer in model.model.layers:
@@ -99,11 +113,57 @@ def decode_step(model, pools: Pools, tokens: torch.Tensor, slots: list[int], pos
     return inv.linear(model.model.norm(x), model.head_weight)
 
 
+class DecodeGraphs:
+    """``decode_step`` replayed from CUDA graphs, one per batch size: the first step of a size runs eagerly
+    (compiling the kernels), the next captures the step into a graph, and every later step of that size
+    copies its inputs, page table and tokens into the graph's static buffers and replays it.
+
+    A replay reads and writes the pools like the eager step and reads the page-table rows when the copy
+    runs (stale ones included). ``max_graphs`` bounds the sizes kept; further sizes run eagerly."""
+
+    def __init__(self, model, pools: Pools, next_token: torch.Tensor, *, max_graphs: int = 16) -> None:
+        self.model, self.pools, self.next_token, self.max_graphs = model, pools, next_token, max_graphs
+        self._graphs: dict[int, tuple] = {}
+        self._seen: set[int] = set()
+        self._pool = None
+        self.replays = self.captures = 0
+
+    @torch.no_grad()
+    def __call__(self, slots: list[int], positions: list[int], page_table: torch.Tensor) -> torch.Tensor:
+        """Logits [B, vocab] of one step (a static buffer when replayed: read it before the next step of B)."""
+        n = len(slots)
+        inputs = _upload(step_inputs(slots, positions), self.next_token.device)
+        if n in self._graphs:
+            graph, static_inputs, static_table, logits = self._graphs[n]
+            static_inputs.copy_(inputs)
+            static_table.copy_(page_table)
+            graph.replay()
+            self.replays += 1
+            return logits
+        if n in self._seen and len(self._graphs) < self.max_graphs:
+            return self._capture(n, inputs, page_table)
+        self._seen.add(n)
+        return _decode(self.model, self.pools, self.next_token.index_select(0, inputs[0]), inputs, page_table)
+
+    def _capture(self, n: int, inputs: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+        static_inputs, static_table = inputs.clone(), page_table.clone()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.current_stream().synchronize()  # capture runs on a side stream: the inputs must be there
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            logits = _decode(self.model, self.pools, self.next_token.index_select(0, static_inputs[0]),
+                             static_inputs, static_table)
+        self._pool = graph.pool()
+        self._graphs[n] = (graph, static_inputs, static_table, logits)
+        self.captures += 1
+        graph.replay()  # capturing ran nothing: this is the step
+        self.replays += 1
+        return logits
+
+
 def _linear_attention(gdn, h: torch.Tensor, pools: Pools, layer: int, step: _Step) -> torch.Tensor:
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
-    from mini_engine.ops.gated_delta_rule.triton import chunk_gated_delta_rule_triton
+    from mini_engine.ops.gated_delta_rule.triton import pending_replay_decode_triton
 
-    n = h.shape[0]
     mixed = inv.linear(h, gdn.in_proj_qkv.weight)
     conv = causal_conv1d_update(x=mixed, weight=gdn.conv1d.weight[:, 0], conv_pool=pools.conv[:, layer],
                                 slot_indices=step.slots, activation="silu").output
@@ -113,18 +173,10 @@ def _linear_attention(gdn, h: torch.Tensor, pools: Pools, layer: int, step: _Ste
     g, beta = gdn.gates(h)
     row = torch.cat([q, k, v, g, beta], dim=-1)  # [B, pending_width]: the layout of a pending row
     pending = pools.pending[:, layer]
-    chunk = torch.zeros(n, SNAPSHOT_ALIGN, row.shape[1], device=row.device, dtype=row.dtype)
-    chunk[:, : SNAPSHOT_ALIGN - 1] = pending.index_select(0, step.slots) * step.keep
-    batch = torch.arange(n, device=row.device)
-    chunk[batch, step.rows] = row
-    cq, ck, cv, cg, cbeta = gdn._split(chunk.reshape(n * SNAPSHOT_ALIGN, -1))
-    result = chunk_gated_delta_rule_triton(q=cq, k=ck, v=cv, g=cg, beta=cbeta, cu_seqlens=step.cu_chunks,
-                                           state_pool=pools.rec[:, layer], state_indices=step.slots,
-                                           write_indices=step.write_rows)
-    if step.pending:
-        keep = torch.tensor(step.pending, device=row.device) if len(step.pending) < n else batch
-        pending[step.slots[keep], step.rows[keep]] = row[keep]
-    core = result.output.reshape(n, SNAPSHOT_ALIGN, gdn.hv, gdn.dv)[batch, step.rows]
+    core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
+                                        slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv))
+    # the new row joins its slot's pending rows; a row that completed its chunk goes to the sink's row 62
+    pending[step.pending_slots, step.rows.clamp(max=SNAPSHOT_ALIGN - 2)] = row
     return gdn._output(core, inv.linear(h, gdn.in_proj_z.weight))
 
 
@@ -142,7 +194,7 @@ def _full_attention(attn, h: torch.Tensor, pools: Pools, layer: int, step: _Step
     pages = page_table.gather(1, (step.positions // page_size)[:, None].to(torch.long)).squeeze(1).to(torch.long)
     write_kv_pages(k_cache=keys, v_cache=values, k=k.contiguous(), v=v.contiguous(),
                    slot_mapping=pages * page_size + step.positions % page_size)
-    out = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens,
-                                 max_seq_len=step.max_len)
+    # the split grid spans the table's capacity (not this step's longest sequence): a fixed launch per batch size
+    out = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens)
     out = out.reshape(n, attn.hq * attn.d) * inv.sigmoid(gate.reshape(n, attn.hq * attn.d))
     return inv.linear(out, attn.o_proj.weight)

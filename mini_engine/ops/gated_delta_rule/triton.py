@@ -49,7 +49,8 @@ import triton.language as tl
 
 from mini_engine.ops.gated_delta_rule.reference import CHUNK, GdnResult, _check_inputs
 
-__all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton", "fused_recurrent_gated_delta_rule_triton"]
+__all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton", "fused_recurrent_gated_delta_rule_triton",
+           "pending_replay_decode_triton"]
 
 if CHUNK != 64:
     raise ImportError("the Triton kernels solve 64-row chunks as four 16-row blocks; CHUNK must be 64")
@@ -202,9 +203,9 @@ def _chunk_step(state, q, k, w, u, aqk, gcum, out, rows, valid, last_row, cols, 
 
 @triton.jit
 def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_first_boundary,
-                         init, init_rows, write_rows, init_slot_stride, final, boundary, scale, HK, HV,
+                         init, init_rows, init_slot_stride, final, boundary, scale, HK, HV,
                          K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                         HAS_INIT: tl.constexpr, WRITE_BACK: tl.constexpr, STORE_STATES: tl.constexpr):
+                         HAS_INIT: tl.constexpr, WRITE_BACK: tl.constexpr):
     vt, s, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     hk = h // (HV // HK)
     row0 = tl.load(seq_row0 + s).to(tl.int64)
@@ -229,14 +230,10 @@ def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_firs
         last_row = row0 + tl.minimum(n, start + 64) - 1
         state = _chunk_step(state, q, k, w, u, aqk, gcum, out, rows, valid, last_row, cols, scale, HK, HV,
                             K, V)
-        if STORE_STATES:
-            tl.store(boundary + (first_boundary + c) * state_size + tile, state,
-                     mask=whole_tile & (start + 64 <= n))
-    if STORE_STATES:
-        tl.store(final + s * state_size + tile, state)
+        tl.store(boundary + (first_boundary + c) * state_size + tile, state, mask=whole_tile & (start + 64 <= n))
+    tl.store(final + s * state_size + tile, state)
     if WRITE_BACK:
-        written = tl.load(write_rows + s).to(tl.int64)
-        tl.store(init + written * init_slot_stride + tile, state.to(init.dtype.element_ty))
+        tl.store(init + slot * init_slot_stride + tile, state.to(init.dtype.element_ty))
 
 
 # ----------------------------------------------------------------------------- decode (one token)
@@ -260,6 +257,41 @@ def _recurrent_step_kernel(q, k, v, g, beta, pool, pool_rows, slot_stride, out, 
     state = state + k_t[:, None] * delta[None, :]
     tl.store(tile, state.to(pool.dtype.element_ty))
     tl.store(out + (b * HV + h) * V + cols, tl.sum(state * q_t[:, None], axis=0).to(out.dtype.element_ty))
+
+
+@triton.jit
+def _delta_step(state, row, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K: tl.constexpr, V: tl.constexpr):
+    """One token of the recurrence on a [K, BV] state tile, the token a prepared row q|k|v|g|beta at ``row``."""
+    k_t = tl.load(row + KEY_DIM + hk * K + kk).to(tl.float32)
+    v_t = tl.load(row + 2 * KEY_DIM + h * V + cols).to(tl.float32)
+    g_t = tl.load(row + 2 * KEY_DIM + VALUE_DIM + h).to(tl.float32)
+    beta_t = tl.load(row + 2 * KEY_DIM + VALUE_DIM + HV + h).to(tl.float32)
+    state = state * tl.exp(g_t)
+    delta = (v_t - tl.sum(state * k_t[:, None], axis=0)) * beta_t
+    return state + k_t[:, None] * delta[None, :]
+
+
+@triton.jit
+def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, slots, rows, out, scale,
+                           HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
+                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    vt, b, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    hk = h // (HV // HK)
+    kk = tl.arange(0, K)
+    cols = vt * BV + tl.arange(0, BV)
+    slot = tl.load(slots + b).to(tl.int64)
+    n_pending = tl.load(rows + b)
+    tile = rec + slot * rec_slot_stride + h * (K * V) + kk[:, None] * V + cols[None, :]
+    state = tl.load(tile).to(tl.float32)
+    base = pending + slot * pending_slot_stride
+    for j in range(0, n_pending):
+        state = _delta_step(state, base + j * ROW_WIDTH, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K, V)
+    row = new_rows + b * ROW_WIDTH
+    state = _delta_step(state, row, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K, V)
+    q_t = tl.load(row + hk * K + kk).to(tl.float32) * scale
+    tl.store(out + (b * HV + h) * V + cols, tl.sum(state * q_t[:, None], axis=0).to(out.dtype.element_ty))
+    if n_pending == 63:  # the token completes its chunk: the slot now keeps the state at the boundary
+        tl.store(tile, state.to(rec.dtype.element_ty))
 
 
 # ----------------------------------------------------------------------------- host side
@@ -378,8 +410,7 @@ def _boundary_buffer(boundary_out, rows: int, state_shape: tuple, device) -> tor
 
 def chunk_gated_delta_rule_triton(
     *, q, k, v, g, beta, cu_seqlens, initial_state=None, scale: float | None = None,
-    state_pool=None, state_indices=None, write_indices=None, boundary_out=None,
-    config: LaunchConfig | None = None,
+    state_pool=None, state_indices=None, boundary_out=None, config: LaunchConfig | None = None,
 ) -> GdnResult:
     """Chunked prefill of a packed varlen batch; same contract and result as ``reference.chunk_gated_delta_rule``.
 
@@ -389,11 +420,6 @@ def chunk_gated_delta_rule_triton(
     boundary states, sequence after sequence; the returned ``boundary_states`` are views into it.
     ``output`` has v's dtype; the states are float32. ``cu_seqlens`` is read on the host: keep it
     there (a device tensor costs a synchronisation).
-
-    ``write_indices`` [B] (with ``state_pool``): the pool rows that receive the final states instead
-    of ``state_indices`` (a row may repeat only if nobody reads it: a padding sink). The final and
-    boundary states are then written to the pool alone: the result holds ``final_state=None`` and
-    no boundary states (the chunk-exact decode step, which keeps a state only at a boundary).
     """
     state_shape = _check_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     n_seq, hv, k_dim, v_dim = state_shape
@@ -404,31 +430,20 @@ def chunk_gated_delta_rule_triton(
     scale = k_dim**-0.5 if scale is None else scale
     plan, tables = _chunk_tables(tuple(cu_seqlens.tolist()), q.device)
     source, source_rows = _initial_source(initial_state, state_pool, state_indices, n_seq, state_shape[1:], q.device)
-    store_states = write_indices is None
-    if not store_states:
-        if state_pool is None or boundary_out is not None or tuple(write_indices.shape) != (n_seq,):
-            raise ValueError(f"write_indices must be [{n_seq}] and come with state_pool (and no boundary_out)")
-        write_rows = write_indices.to(device=q.device, dtype=torch.int32)
-    boundary = _boundary_buffer(boundary_out, sum(plan.full_chunks) if store_states else 0, state_shape[1:],
-                                q.device)
+    boundary = _boundary_buffer(boundary_out, sum(plan.full_chunks), state_shape[1:], q.device)
     chunk_row0, chunk_rows, seq_row0, seq_len, seq_first_boundary = tables.split(
         [len(plan.chunk_row0), len(plan.chunk_rows), n_seq, n_seq, n_seq])
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     prepared = _prepare_chunks(q, k, v, g, beta, chunk_row0, chunk_rows, scale)
-    final = torch.empty(state_shape if store_states else (0,), device=q.device, dtype=torch.float32)
+    final = torch.empty(state_shape, device=q.device, dtype=torch.float32)
     out = torch.empty_like(v)
     init, init_rows = (final, seq_len) if source is None else (source, source_rows)  # (unread placeholders)
-    if store_states:
-        write_rows = init_rows
     if n_seq:
         _state_output_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
             q, k, prepared.w, prepared.u, prepared.aqk, prepared.gcum, out, seq_row0, seq_len, seq_first_boundary,
-            init, init_rows, write_rows, init.stride(0), final, boundary if boundary.numel() else final, scale,
+            init, init_rows, init.stride(0), final, boundary if boundary.numel() else final, scale,
             q.shape[1], hv, K=k_dim, V=v_dim, BV=config.block_v, HAS_INIT=source is not None,
-            WRITE_BACK=state_pool is not None, STORE_STATES=store_states,
-            num_warps=config.num_warps, num_stages=config.num_stages)
-    if not store_states:
-        return GdnResult(out, None, [])
+            WRITE_BACK=state_pool is not None, num_warps=config.num_warps, num_stages=config.num_stages)
     firsts = plan.seq_first_boundary
     return GdnResult(out, final, [boundary[f : f + n] for f, n in zip(firsts, plan.full_chunks)])
 
@@ -462,4 +477,46 @@ def fused_recurrent_gated_delta_rule_triton(
         _recurrent_step_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
             q, k, v, g, beta, state_pool, rows, state_pool.stride(0), out, scale, hk, hv, K=k_dim, V=v_dim,
             BV=config.block_v, num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
+
+
+def pending_replay_decode_triton(
+    *, new_rows, pending_pool, rec_pool, slots, rows, heads: tuple[int, int], scale: float | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """One decode step on chunk-exact slots (``mini_engine.model.state``): returns the output [B, Hv, V].
+
+    ``new_rows`` [B, width]: each sequence's new token as a prepared row q|k|v|g|beta (q, k per key
+    head of K; v per value head of V; g, beta per value head). Sequence b's slot ``slots[b]`` holds in
+    ``rec_pool`` [slots, Hv, K, V] the state at its last 64-boundary and in ``pending_pool``
+    [slots, 63, width] the ``rows[b]`` rows since. One program per (V tile, sequence, value head)
+    replays those rows and the new one from the boundary state in registers (the recurrent rule, as
+    ``fused_recurrent_gated_delta_rule_triton``), reads the new token's output, and, when the token
+    completes the chunk (``rows[b] == 63``), writes the state at the new boundary into the slot's
+    ``rec_pool`` row. The pending rows are only read: appending the new row is the caller's.
+    ``heads`` = (Hk, Hv); K = V = the head sizes implied by ``width`` and the pools.
+    """
+    hk, hv = heads
+    n_seq, width = new_rows.shape
+    if rec_pool.dim() != 4 or rec_pool.shape[1] != hv:
+        raise ValueError(f"rec_pool must be [slots, Hv={hv}, K, V]; got {tuple(rec_pool.shape)}")
+    k_dim, v_dim = rec_pool.shape[2], rec_pool.shape[3]
+    if width != 2 * hk * k_dim + hv * v_dim + 2 * hv:
+        raise ValueError(f"rows of width {width} do not hold q|k|v|g|beta for Hk={hk}, Hv={hv}, K={k_dim}, V={v_dim}")
+    if pending_pool.dim() != 3 or pending_pool.shape[1] != CHUNK - 1 or pending_pool.shape[2] != width \
+            or pending_pool.stride()[1:] != (width, 1) or not new_rows.is_contiguous():
+        raise ValueError(f"pending_pool must be [slots, {CHUNK - 1}, {width}] with contiguous rows and new_rows "
+                         f"contiguous; got {tuple(pending_pool.shape)}, strides {pending_pool.stride()}")
+    _check_head_sizes(k_dim, v_dim, new_rows.dtype)
+    _check_pool(rec_pool, slots, n_seq, (hv, k_dim, v_dim))
+    if tuple(rows.shape) != (n_seq,):
+        raise ValueError(f"rows must be [{n_seq}]; got {tuple(rows.shape)}")
+    scale = k_dim**-0.5 if scale is None else scale
+    config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
+    out = new_rows.new_empty(n_seq, hv, v_dim)
+    if n_seq:
+        _pending_replay_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
+            new_rows, pending_pool, pending_pool.stride(0), rec_pool, rec_pool.stride(0), slots, rows, out, scale,
+            hk, hv, hk * k_dim, hv * v_dim, width, K=k_dim, V=v_dim, BV=config.block_v,
+            num_warps=config.num_warps, num_stages=config.num_stages)
     return out
