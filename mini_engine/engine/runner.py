@@ -19,7 +19,7 @@ from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
-from mini_engine.model.decode import DecodeGraphs, Pools, decode_step
+from mini_engine.model.decode import DecodeGraphs, DecodeModel, Pools, decode_step
 from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
@@ -66,7 +66,8 @@ class ModelRunner:
             raise ValueError(f"decode_path must be 'reference' or 'triton'; got {decode_path!r}")
         self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
         self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
-        self.graphs = (DecodeGraphs(model, self.pools, states.next_token)
+        self.decode_model = DecodeModel(model) if decode_path == "triton" else None
+        self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0
 
@@ -156,7 +157,7 @@ class ModelRunner:
         if self.graphs is not None:
             logits = self.graphs(slots, positions, table)
         else:
-            logits = decode_step(self.model, self.pools, self.states.next_token.index_select(0, slot_ids), slots,
+            logits = decode_step(self.decode_model, self.pools, self.states.next_token.index_select(0, slot_ids), slots,
                                  positions, table)
         tokens = logits.argmax(-1)
         for r, it in enumerate(items):

@@ -31,8 +31,9 @@ import torch
 
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
+from mini_engine.ops.decode_rows import triton as row_ops
 
-__all__ = ["DecodeGraphs", "Pools", "decode_step", "step_inputs"]
+__all__ = ["DecodeGraphs", "DecodeModel", "Pools", "decode_step", "step_inputs"]
 
 SINK = 0  # the padding slot: it receives the pending rows nobody keeps
 
@@ -74,11 +75,41 @@ def _step(inputs: torch.Tensor) -> _Step:
     return _Step(slots, positions, positions % SNAPSHOT_ALIGN, pending_slots, (positions + 1).to(torch.int32))
 
 
+class _LayerWeights(NamedTuple):
+    """A layer's projections that read the same rows, fused into one weight (rows concatenated)."""
+
+    in_proj: torch.Tensor  # GDN: qkv | z | b | a;  attention: q (with its gates) | k | v
+    gate_up: torch.Tensor  # the MLP's gate | up
+
+
+class DecodeModel:
+    """A model as the decode step reads it: per layer, the projections that share an input fused into one
+    weight (one gemm instead of four), next to the model's own modules for everything else. The fused
+    weights are copies (the model stays as it was), in the model's weight dtype and on its device."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.layers = [_fuse(layer) for layer in model.model.layers]
+        self.norm_eps = model.model.norm.eps
+
+
+def _fuse(layer) -> _LayerWeights:
+    if layer.layer_type == LINEAR:
+        m = layer.linear_attn
+        parts = (m.in_proj_qkv, m.in_proj_z, m.in_proj_b, m.in_proj_a)
+    else:
+        m = layer.self_attn
+        parts = (m.q_proj, m.k_proj, m.v_proj)
+    mlp = layer.mlp
+    return _LayerWeights(torch.cat([p.weight for p in parts]).detach(),
+                         torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach())
+
+
 @torch.no_grad()
-def decode_step(model, pools: Pools, tokens: torch.Tensor, slots: list[int], positions: list[int],
+def decode_step(model: DecodeModel, pools: Pools, tokens: torch.Tensor, slots: list[int], positions: list[int],
                 page_table: torch.Tensor) -> torch.Tensor:
     """Feed ``tokens`` [B] (device ids) to the sequences in live ``slots`` at ``positions``; returns the
-    logits [B, vocab] and leaves every slot and page advanced by one token.
+    logits [B, vocab] (float32) and leaves every slot and page advanced by one token.
 
     ``page_table`` [B, max_pages] int32 on the device: row b maps sequence b's positions to pages.
     Slots must be distinct and not the sink; each sequence's position must be its state's length."""
@@ -95,22 +126,35 @@ def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
-def _decode(model, pools: Pools, tokens: torch.Tensor, inputs: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
-    """The step on device tensors alone: no host read, no shape that depends on values (graph-capturable)."""
+def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.Tensor,
+            page_table: torch.Tensor) -> torch.Tensor:
+    """The step on device tensors alone: no host read, no shape that depends on values (graph-capturable).
+
+    The residual stream ``x`` is float32 [P, hidden], P the batch rounded up to the gemm tile, padding rows
+    zero: every projection is then one fixed-shape gemm per tile on the rows as they are. The sequence ops
+    (conv, the delta rule, attention) read and write the batch's own rows only."""
     step = _step(inputs)
-    x = model.model.embed_tokens(tokens).float()
+    model, n = dm.model, tokens.shape[0]
+    x = tokens.new_zeros(-(-n // inv.ROW_TILE) * inv.ROW_TILE, model.config.hidden_size, dtype=torch.float32)
+    x[:n] = model.model.embed_tokens(tokens).float()
+    delta = None
     lin = full = 0
-    for layer in model.model.layers:
-        h = layer.input_layernorm(x)
+    for layer, weights in zip(model.model.layers, dm.layers):
+        h = row_ops.add_rms_norm(x=x, delta=delta, weight=layer.input_layernorm.weight, eps=layer.input_layernorm.eps,
+                              out_dtype=weights.in_proj.dtype)
         if layer.layer_type == LINEAR:
-            out = _linear_attention(layer.linear_attn, h, pools, lin, step)
+            delta = _linear_attention(layer.linear_attn, weights.in_proj, h, pools, lin, step, n)
             lin += 1
         else:
-            out = _full_attention(layer.self_attn, h, pools, full, step, page_table)
+            delta = _full_attention(layer.self_attn, weights.in_proj, h, pools, full, step, page_table, n)
             full += 1
-        x = x + out
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return inv.linear(model.model.norm(x), model.head_weight)
+        norm = layer.post_attention_layernorm
+        h = row_ops.add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=weights.gate_up.dtype)
+        act = row_ops.silu_mul(gate_up=inv.linear(h, weights.gate_up), out_dtype=layer.mlp.down_proj.weight.dtype)
+        delta = inv.linear(act, layer.mlp.down_proj.weight)
+    head = model.head_weight
+    h = row_ops.add_rms_norm(x=x, delta=delta, weight=model.model.norm.weight, eps=dm.norm_eps, out_dtype=head.dtype)
+    return inv.linear(h, head)[:n].float()
 
 
 class DecodeGraphs:
@@ -121,7 +165,7 @@ class DecodeGraphs:
     A replay reads and writes the pools like the eager step and reads the page-table rows when the copy
     runs (stale ones included). ``max_graphs`` bounds the sizes kept; further sizes run eagerly."""
 
-    def __init__(self, model, pools: Pools, next_token: torch.Tensor, *, max_graphs: int = 16) -> None:
+    def __init__(self, model: DecodeModel, pools: Pools, next_token: torch.Tensor, *, max_graphs: int = 16) -> None:
         self.model, self.pools, self.next_token, self.max_graphs = model, pools, next_token, max_graphs
         self._graphs: dict[int, tuple] = {}
         self._seen: set[int] = set()
@@ -160,41 +204,43 @@ class DecodeGraphs:
         return logits
 
 
-def _linear_attention(gdn, h: torch.Tensor, pools: Pools, layer: int, step: _Step) -> torch.Tensor:
+def _linear_attention(gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int, step: _Step,
+                      n: int) -> torch.Tensor:
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.gated_delta_rule.triton import pending_replay_decode_triton
 
-    mixed = inv.linear(h, gdn.in_proj_qkv.weight)
-    conv = causal_conv1d_update(x=mixed, weight=gdn.conv1d.weight[:, 0], conv_pool=pools.conv[:, layer],
+    proj = inv.linear(h, in_proj)  # [P, qkv | z | b | a]
+    conv_dim = 2 * gdn.key_dim + gdn.value_dim
+    z, b, a = proj[:, conv_dim:].split([gdn.value_dim, gdn.hv, gdn.hv], dim=-1)
+    conv = causal_conv1d_update(x=proj[:n, :conv_dim], weight=gdn.conv1d.weight[:, 0], conv_pool=pools.conv[:, layer],
                                 slot_indices=step.slots, activation="silu").output
-    q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
-    q = inv.l2_normalize(q.reshape(-1, gdn.hk, gdn.dk)).reshape(-1, gdn.key_dim)
-    k = inv.l2_normalize(k.reshape(-1, gdn.hk, gdn.dk)).reshape(-1, gdn.key_dim)
-    g, beta = gdn.gates(h)
-    row = torch.cat([q, k, v, g, beta], dim=-1)  # [B, pending_width]: the layout of a pending row
     pending = pools.pending[:, layer]
+    # the new row also joins its slot's pending rows; a row that completes its chunk goes to the sink's row 62
+    row = row_ops.gdn_rows(conv=conv, a=a, b=b, A_log=gdn.A_log, dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv),
+                        head_dims=(gdn.dk, gdn.dv), pending_pool=pending, pending_slots=step.pending_slots,
+                        pending_rows=step.rows.clamp(max=SNAPSHOT_ALIGN - 2))
+    # (the kernel reads the slot's rows before the new one: the row just stored is past them)
     core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
                                         slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv))
-    # the new row joins its slot's pending rows; a row that completed its chunk goes to the sink's row 62
-    pending[step.pending_slots, step.rows.clamp(max=SNAPSHOT_ALIGN - 2)] = row
-    return gdn._output(core, inv.linear(h, gdn.in_proj_z.weight))
+    gated = row_ops.gated_rms_norm(core=core, z=z, weight=gdn.norm.weight, eps=gdn.norm.eps, rows=h.shape[0],
+                                out_dtype=gdn.out_proj.weight.dtype)
+    return inv.linear(gated, gdn.out_proj.weight)
 
 
-def _full_attention(attn, h: torch.Tensor, pools: Pools, layer: int, step: _Step,
-                    page_table: torch.Tensor) -> torch.Tensor:
+def _full_attention(attn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int, step: _Step,
+                    page_table: torch.Tensor, n: int) -> torch.Tensor:
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
 
-    n = h.shape[0]
-    q, gate = inv.linear(h, attn.q_proj.weight).reshape(n, attn.hq, 2 * attn.d).chunk(2, dim=-1)
-    q = attn.rotary(attn.q_norm(q), step.positions).contiguous()
-    k = attn.rotary(attn.k_norm(inv.linear(h, attn.k_proj.weight).reshape(n, attn.hkv, attn.d)), step.positions)
-    v = inv.linear(h, attn.v_proj.weight).reshape(n, attn.hkv, attn.d)
+    qkv = inv.linear(h, in_proj)  # [P, q and gates | k | v]
+    q, k, v = row_ops.qk_norm_rope(qkv=qkv, batch=n, positions=step.positions, q_weight=attn.q_norm.weight,
+                                k_weight=attn.k_norm.weight, inv_freq=attn.rotary.frequencies(qkv.device),
+                                eps=attn.q_norm.eps, heads=(attn.hq, attn.hkv), head_dim=attn.d)
     keys, values = pools.keys[:, layer], pools.values[:, layer]
     page_size = keys.shape[1]
     pages = page_table.gather(1, (step.positions // page_size)[:, None].to(torch.long)).squeeze(1).to(torch.long)
-    write_kv_pages(k_cache=keys, v_cache=values, k=k.contiguous(), v=v.contiguous(),
-                   slot_mapping=pages * page_size + step.positions % page_size)
+    write_kv_pages(k_cache=keys, v_cache=values, k=k, v=v, slot_mapping=pages * page_size + step.positions % page_size)
     # the split grid spans the table's capacity (not this step's longest sequence): a fixed launch per batch size
     out = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens)
-    out = out.reshape(n, attn.hq * attn.d) * inv.sigmoid(gate.reshape(n, attn.hq * attn.d))
-    return inv.linear(out, attn.o_proj.weight)
+    gated = row_ops.sigmoid_mul(attn=out, qkv=qkv, heads=attn.hq, head_dim=attn.d, rows=h.shape[0],
+                             out_dtype=attn.o_proj.weight.dtype)
+    return inv.linear(gated, attn.o_proj.weight)

@@ -63,10 +63,17 @@ class Rotary:
         dim = config.rotary_dim
         self.dim = dim
         self.inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        self._on_device = {self.inv_freq.device: self.inv_freq}
+
+    def frequencies(self, device: torch.device) -> torch.Tensor:
+        """``inv_freq`` on ``device``, copied there once (a CUDA graph's capture may not copy from the host)."""
+        if device not in self._on_device:
+            self._on_device[device] = self.inv_freq.to(device)
+        return self._on_device[device]
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [N, heads, head_dim]; positions: [N] absolute positions."""
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        freqs = positions.float()[:, None] * self.frequencies(positions.device)[None, :]
         angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
         cos, sin = angles.cos(), angles.sin()
         rot, rest = x[..., : self.dim], x[..., self.dim :]

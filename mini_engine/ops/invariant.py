@@ -57,25 +57,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` for ``x`` of shape [..., in], computed in fixed tiles of ``ROW_TILE`` rows.
 
     Every tile is one gemm of shape [ROW_TILE, in] x [in, out], so a row's result is the same
-    whether it is computed alone or inside any batch. Under autograd or inside ``relaxed()``
-    (training and its evaluations, where nothing is compared bit for bit) it is one matmul:
-    ``out=`` gemms record no gradient, and tiles cost a launch each on a GPU.
+    whether it is computed alone or inside any batch. Rows already a multiple of the tile are used as
+    they are (the decode step keeps its rows padded). A weight of another dtype (bfloat16 projections
+    under a float32 residual stream) gets ``x`` in its dtype, and the result comes back in ``x``'s.
+    Under autograd or inside ``relaxed()`` (training and its evaluations, where nothing is compared
+    bit for bit) it is one matmul: ``out=`` gemms record no gradient, and tiles cost a launch each on a GPU.
     """
     if _RELAXED[0] or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return x @ weight.t()
     lead = x.shape[:-1]
-    rows = x.reshape(-1, x.shape[-1])
+    rows = x.reshape(-1, x.shape[-1]).to(weight.dtype)
     n = rows.shape[0]
     padded_n = -(-n // ROW_TILE) * ROW_TILE
     if padded_n == 0:
         return x.new_zeros(*lead, weight.shape[0])
-    padded = rows.new_zeros(padded_n, rows.shape[1])
-    padded[:n] = rows
+    if padded_n != n:
+        padded = rows.new_zeros(padded_n, rows.shape[1])
+        padded[:n] = rows
+        rows = padded
+    rows = rows.contiguous()  # (a no-op but for strided views: the gemm sees one layout, always)
     out = rows.new_empty(padded_n, weight.shape[0])
     weight_t = weight.t()
     for start in range(0, padded_n, ROW_TILE):
-        torch.mm(padded[start : start + ROW_TILE], weight_t, out=out[start : start + ROW_TILE])
-    return out[:n].reshape(*lead, weight.shape[0])
+        torch.mm(rows[start : start + ROW_TILE], weight_t, out=out[start : start + ROW_TILE])
+    return out[:n].reshape(*lead, weight.shape[0]).to(x.dtype)
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ def test_graph_replays_give_the_eager_steps_bits():
     import torch
 
     from mini_engine.engine.storage import KVStorage, StateStorage
-    from mini_engine.model.decode import DecodeGraphs, Pools, decode_step
+    from mini_engine.model.decode import DecodeGraphs, DecodeModel, Pools, decode_step
 
     model = build_builtin("tiny-random").cuda()
     device, steps = CudaDevice(), 4
@@ -38,13 +38,14 @@ def test_graph_replays_give_the_eager_steps_bits():
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device="cuda")
     graphed = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
     eager = Pools(*(t.clone() for t in graphed))
-    runner = DecodeGraphs(model, graphed, states.next_token)
+    fused = DecodeModel(model)
+    runner = DecodeGraphs(fused, graphed, states.next_token)
     slots = list(spec.SLOTS)
     gen = torch.Generator().manual_seed(9)
     for step in range(steps):
         positions = [length + step for length in spec.LENGTHS]
         tokens = torch.randint(0, model.config.vocab_size, (len(slots),), generator=gen).cuda()
-        want = decode_step(model, eager, tokens, slots, positions, table)
+        want = decode_step(fused, eager, tokens, slots, positions, table)
         states.next_token[torch.tensor(slots, device="cuda")] = tokens
         got = runner(slots, positions, table)
         assert torch.equal(got, want), f"step {step}"

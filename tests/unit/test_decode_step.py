@@ -10,7 +10,7 @@ import torch
 
 from mini_engine.device.sim import SimDevice
 from mini_engine.engine.storage import KVStorage, StateStorage
-from mini_engine.model.decode import SINK, Pools, decode_step
+from mini_engine.model.decode import SINK, DecodeModel, Pools, decode_step
 
 PAGE = 4
 LENGTHS = (5, 63, 127, 64, 1, 300)  # 63 and 127 complete a chunk with this token; 300 needs two attention splits
@@ -44,9 +44,10 @@ def build(model, device):
     tokens = torch.randint(0, model.config.vocab_size, (len(LENGTHS),), generator=rng).to(dev)
     pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
     before = [t.clone() for t in pools]
-    alone = decode_step(model, Pools(*(t.clone() for t in before)), tokens[ALONE : ALONE + 1], [SLOTS[ALONE]],
+    fused = DecodeModel(model)
+    alone = decode_step(fused, Pools(*(t.clone() for t in before)), tokens[ALONE : ALONE + 1], [SLOTS[ALONE]],
                         [LENGTHS[ALONE]], page_table[ALONE : ALONE + 1, : len(tables[ALONE])].contiguous())
-    logits = decode_step(model, pools, tokens, list(SLOTS), list(LENGTHS), page_table)
+    logits = decode_step(fused, pools, tokens, list(SLOTS), list(LENGTHS), page_table)
     want = model([t.reshape(1) for t in tokens], cold)
     return states, kv, tables, before, logits, want, alone
 
@@ -101,8 +102,8 @@ def test_a_sequence_gets_the_same_bits_alone_as_in_a_batch(setup):
 def test_bad_slots_are_refused(tiny_model):
     pools = Pools(*(torch.zeros(1) for _ in range(5)))
     with pytest.raises(ValueError, match="distinct live slots"):
-        decode_step(tiny_model, pools, torch.zeros(2, dtype=torch.long), [SINK, 1], [3, 3],
+        decode_step(DecodeModel(tiny_model), pools, torch.zeros(2, dtype=torch.long), [SINK, 1], [3, 3],
                     torch.zeros(2, 1, dtype=torch.int32))
     with pytest.raises(ValueError, match="one slot, position, token"):
-        decode_step(tiny_model, pools, torch.zeros(1, dtype=torch.long), [1, 2], [3, 3],
+        decode_step(DecodeModel(tiny_model), pools, torch.zeros(1, dtype=torch.long), [1, 2], [3, 3],
                     torch.zeros(2, 1, dtype=torch.int32))

@@ -1,0 +1,103 @@
+"""The per-row pieces of a decode step, in float32 torch: the specification of ``triton.py``.
+
+A decode step keeps its hidden states as ``[P, hidden]`` with ``P`` the batch rounded up to the
+linear layers' 64-row tile (``inv.ROW_TILE``) and the padding rows zero, so every projection is a
+fixed-shape gemm on its input as it is. Each function here is the arithmetic the model's modules do
+(``mini_engine.model.layers``, ``gdn``, ``attention``), on such rows:
+
+- ``add_rms_norm``: the residual add, then the offset RMSNorm of the sum;
+- ``gdn_rows``: a Gated DeltaNet token's prepared row ``q|k|v|g|beta`` from its conv output and gate
+  projections (``mini_engine.model.state`` keeps these rows);
+- ``gated_rms_norm``: the GDN output norm ``w * rmsnorm(core) * silu(z)`` per value head;
+- ``qk_norm_rope``: attention's per-head q/k RMSNorm and partial RoPE;
+- ``sigmoid_mul`` and ``silu_mul``: attention's output gate and the SwiGLU activation.
+
+Outputs that feed a projection have ``rows`` rows (zero past the batch) in the projection weight's
+dtype; the rest are float32 and have one row per sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mini_engine.ops import invariant as inv
+
+__all__ = ["add_rms_norm", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
+
+
+def _padded(values: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    out = values.new_zeros(rows, *values.shape[1:], dtype=dtype)
+    out[: values.shape[0]] = values.to(dtype)
+    return out
+
+
+def add_rms_norm(*, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """``x += delta`` (in place, float32) when ``delta`` is given; returns ``rms_norm(x) * (1 + weight)``."""
+    if delta is not None:
+        x += delta.float()
+    return (inv.rms_norm(x, eps) * (1.0 + weight.float())).to(out_dtype)
+
+
+def gdn_rows(*, conv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+             heads: tuple[int, int], head_dims: tuple[int, int]) -> torch.Tensor:
+    """Rows [B, 2*Hk*K + Hv*V + 2*Hv] from conv outputs [B, 2*Hk*K + Hv*V] (after SiLU) and a, b [B, Hv]:
+    q and k L2-normalised per key head, v as is, ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``."""
+    (hk, hv), (dk, _) = heads, head_dims
+    key_dim = hk * dk
+    q, k, v = conv.float().split([key_dim, key_dim, conv.shape[1] - 2 * key_dim], dim=-1)
+    q = inv.l2_normalize(q.reshape(-1, hk, dk)).reshape(-1, key_dim)
+    k = inv.l2_normalize(k.reshape(-1, hk, dk)).reshape(-1, key_dim)
+    g = -torch.exp(A_log.float()) * inv.softplus(a.float() + dt_bias.float())
+    return torch.cat([q, k, v, g, inv.sigmoid(b.float())], dim=-1)
+
+
+def gated_rms_norm(*, core: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, rows: int,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """``weight * rms_norm(core) * silu(z)`` per value head; core [B, Hv, V], z [>= B, Hv * V] -> [rows, Hv * V]."""
+    batch, hv, dv = core.shape
+    gate = z[:batch].float().reshape(batch, hv, dv)
+    out = weight.float() * inv.rms_norm(core.float(), eps) * inv.silu(gate)
+    return _padded(out.reshape(batch, hv * dv), rows, out_dtype)
+
+
+def qk_norm_rope(*, qkv: torch.Tensor, batch: int, positions: torch.Tensor, q_weight: torch.Tensor,
+                 k_weight: torch.Tensor, inv_freq: torch.Tensor, eps: float, heads: tuple[int, int],
+                 head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From fused projections [>= B, Hq * 2D | Hkv * D | Hkv * D] (per query head: query, then its output gate):
+    q [B, Hq, D] and k [B, Hkv, D] offset-RMSNormed per head and rotated (rotate-half RoPE on the first
+    ``2 * len(inv_freq)`` channels at ``positions``), v [B, Hkv, D]; all float32."""
+    hq, hkv = heads
+    d = head_dim
+    rows = qkv[:batch].float()
+    q = rows[:, : hq * 2 * d].reshape(batch, hq, 2 * d)[..., :d]
+    k = rows[:, hq * 2 * d : hq * 2 * d + hkv * d].reshape(batch, hkv, d)
+    v = rows[:, hq * 2 * d + hkv * d :].reshape(batch, hkv, d)
+    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
+    rotary = angles.shape[-1]
+
+    def rope(x: torch.Tensor) -> torch.Tensor:
+        rot, rest = x[..., :rotary], x[..., rotary:]
+        rotated = torch.cat([-rot[..., rotary // 2 :], rot[..., : rotary // 2]], dim=-1)
+        return torch.cat([rot * angles.cos() + rotated * angles.sin(), rest], dim=-1)
+
+    def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return inv.rms_norm(x, eps) * (1.0 + weight.float())
+
+    return rope(norm(q, q_weight)), rope(norm(k, k_weight)), v.contiguous()
+
+
+def sigmoid_mul(*, attn: torch.Tensor, qkv: torch.Tensor, heads: int, head_dim: int, rows: int,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """``attn * sigmoid(gate)``: attn [B, Hq, D], the gates the second half of each query head's 2D columns of
+    ``qkv``; -> [rows, Hq * D]."""
+    batch = attn.shape[0]
+    gate = qkv[:batch, : heads * 2 * head_dim].float().reshape(batch, heads, 2 * head_dim)[..., head_dim:]
+    return _padded((attn.float() * inv.sigmoid(gate)).reshape(batch, heads * head_dim), rows, out_dtype)
+
+
+def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``silu(gate) * up`` for gate_up [rows, 2I] = [gate | up] -> [rows, I]."""
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return (inv.silu(gate) * up).to(out_dtype)

@@ -1,0 +1,258 @@
+"""Triton kernels for the per-row pieces of a decode step, held to ``reference.py``.
+
+Each replaces a chain of small torch ops (a norm is five, a RoPE fifteen) by one launch over the
+batch's rows, so a CUDA-graphed decode step costs about a dozen launches per layer. Every kernel
+reads a row's inputs and writes that row's outputs only, in float32: a sequence's result does not
+depend on the rest of the batch. Rows past the batch in a padded output are written as zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["add_rms_norm", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
+
+_SOFTPLUS_THRESHOLD = 20.0  # as torch and ``inv.softplus``
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, out_stride, eps,
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    value = tl.load(x + row * x_stride + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        value += tl.load(delta + row * delta_stride + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(x + row * x_stride + cols, value, mask=ok)
+    normed = value * tl.rsqrt(tl.sum(value * value, axis=0) / n_cols + eps)
+    scale = 1.0 + tl.load(weight + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out + row * out_stride + cols, (normed * scale).to(out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _l2_normalized(ptr, DK: tl.constexpr):
+    value = tl.load(ptr + tl.arange(0, DK)).to(tl.float32)
+    return value * tl.rsqrt(tl.sum(value * value, axis=0) + 1e-6)
+
+
+@triton.jit
+def _softplus(x, threshold):
+    """log(1 + exp(x)), accurate for small exp(x) too (log(u) * e / (u - 1), u = 1 + e: Goldberg's log1p)."""
+    e = tl.exp(tl.minimum(x, threshold))
+    u = 1.0 + e
+    exact = u == 1.0
+    small = tl.where(exact, e, tl.log(u) * e / tl.where(exact, 1.0, u - 1.0))
+    return tl.where(x > threshold, x, small)
+
+
+@triton.jit
+def _gdn_rows_kernel(conv, conv_stride, a, b, ab_stride, A_log, dt_bias, out, pending, pending_slot_stride,
+                     pending_slots, pending_rows, HK, HV, KEY_DIM, VALUE_DIM, WIDTH, threshold,
+                     DK: tl.constexpr, DV: tl.constexpr, HAS_PENDING: tl.constexpr):
+    """Program (row, j): j < HK normalises key head j's q and k; j >= HK copies value head j - HK and its gates."""
+    r, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    src = conv + r * conv_stride
+    dst = out + r * WIDTH
+    if HAS_PENDING:  # the same row also joins its slot's pending rows
+        slot = tl.load(pending_slots + r).to(tl.int64)
+        kept = pending + slot * pending_slot_stride + tl.load(pending_rows + r).to(tl.int64) * WIDTH
+    if j < HK:
+        kk = tl.arange(0, DK)
+        q = _l2_normalized(src + j * DK, DK)
+        k = _l2_normalized(src + KEY_DIM + j * DK, DK)
+        tl.store(dst + j * DK + kk, q)
+        tl.store(dst + KEY_DIM + j * DK + kk, k)
+        if HAS_PENDING:
+            tl.store(kept + j * DK + kk, q)
+            tl.store(kept + KEY_DIM + j * DK + kk, k)
+    else:
+        h = j - HK
+        vv = tl.arange(0, DV)
+        v = tl.load(src + 2 * KEY_DIM + h * DV + vv).to(tl.float32)
+        x = tl.load(a + r * ab_stride + h).to(tl.float32) + tl.load(dt_bias + h).to(tl.float32)
+        g = -tl.exp(tl.load(A_log + h).to(tl.float32)) * _softplus(x, threshold)
+        beta = _sigmoid(tl.load(b + r * ab_stride + h).to(tl.float32))
+        gates = 2 * KEY_DIM + VALUE_DIM
+        tl.store(dst + 2 * KEY_DIM + h * DV + vv, v)
+        tl.store(dst + gates + h, g)
+        tl.store(dst + gates + HV + h, beta)
+        if HAS_PENDING:
+            tl.store(kept + 2 * KEY_DIM + h * DV + vv, v)
+            tl.store(kept + gates + h, g)
+            tl.store(kept + gates + HV + h, beta)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(core, z, z_stride, weight, out, out_stride, batch, HV, eps,
+                           DV: tl.constexpr, BLOCK: tl.constexpr):
+    r, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < DV
+    dst = out + r * out_stride + h * DV + cols
+    if r < batch:
+        c = tl.load(core + (r * HV + h) * DV + cols, mask=ok, other=0.0).to(tl.float32)
+        gate = tl.load(z + r * z_stride + h * DV + cols, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(weight + cols, mask=ok, other=0.0).to(tl.float32)
+        normed = c * tl.rsqrt(tl.sum(c * c, axis=0) / DV + eps)
+        tl.store(dst, (w * normed * (gate * _sigmoid(gate))).to(out.dtype.element_ty), mask=ok)
+    else:
+        tl.store(dst, tl.zeros([BLOCK], dtype=tl.float32).to(out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(qkv, qkv_stride, positions, q_weight, k_weight, inv_freq, q_out, k_out, v_out, HQ, HKV,
+                         eps, D: tl.constexpr, ROTARY: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (row, j): j < HQ is query head j, else kv head j - HQ (its key normed and rotated, its value copied)."""
+    r, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    ok = d < D
+    row = qkv + r * qkv_stride
+    if j < HQ:
+        src, weight, dst = row + j * 2 * D, q_weight, q_out + (r * HQ + j) * D
+    else:
+        h = j - HQ
+        src, weight, dst = row + HQ * 2 * D + h * D, k_weight, k_out + (r * HKV + h) * D
+        tl.store(v_out + (r * HKV + h) * D + d, tl.load(src + HKV * D + d, mask=ok).to(tl.float32), mask=ok)
+    x = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    y = x * inv_rms * (1.0 + tl.load(weight + d, mask=ok, other=0.0).to(tl.float32))
+    half: tl.constexpr = ROTARY // 2
+    rotated = d < ROTARY
+    partner = tl.where(d < half, d + half, d - half)
+    xp = tl.load(src + partner, mask=rotated, other=0.0).to(tl.float32)
+    yp = xp * inv_rms * (1.0 + tl.load(weight + partner, mask=rotated, other=0.0).to(tl.float32))
+    angle = tl.load(positions + r).to(tl.float32) * tl.load(inv_freq + d % half, mask=rotated, other=0.0)
+    turned = y * tl.cos(angle) + tl.where(d < half, -yp, yp) * tl.sin(angle)
+    tl.store(dst + d, tl.where(rotated, turned, y), mask=ok)
+
+
+@triton.jit
+def _sigmoid_mul_kernel(attn, qkv, qkv_stride, out, out_stride, batch, HQ, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    r, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    ok = d < D
+    dst = out + r * out_stride + h * D + d
+    if r < batch:
+        a = tl.load(attn + (r * HQ + h) * D + d, mask=ok, other=0.0).to(tl.float32)
+        gate = tl.load(qkv + r * qkv_stride + h * 2 * D + D + d, mask=ok, other=0.0).to(tl.float32)
+        tl.store(dst, (a * _sigmoid(gate)).to(out.dtype.element_ty), mask=ok)
+    else:
+        tl.store(dst, tl.zeros([BLOCK_D], dtype=tl.float32).to(out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, BLOCK: tl.constexpr):
+    r, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    gate = tl.load(gate_up + r * in_stride + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gate_up + r * in_stride + n_cols + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out + r * out_stride + cols, (gate * _sigmoid(gate) * up).to(out.dtype.element_ty), mask=ok)
+
+
+def _rows_of(t: torch.Tensor, name: str, cols: int) -> None:
+    """``t`` must be [rows, >= cols] with unit column stride (a row may be a slice of a wider fused output)."""
+    if t.dim() != 2 or t.shape[1] < cols or t.stride(1) != 1:
+        raise ValueError(f"{name} must be [rows, {cols}] with contiguous columns; got {tuple(t.shape)}, "
+                         f"strides {t.stride()}")
+
+
+def add_rms_norm(*, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    rows, cols = x.shape
+    _rows_of(x, "x", cols)
+    if x.dtype != torch.float32:
+        raise ValueError(f"x (the residual stream) must be float32; got {x.dtype}")
+    if delta is not None and tuple(delta.shape) != (rows, cols):
+        raise ValueError(f"delta must be [{rows}, {cols}] like x; got {tuple(delta.shape)}")
+    out = x.new_empty(rows, cols, dtype=out_dtype)
+    if rows:
+        _add_rms_norm_kernel[(rows,)](x, x if delta is None else delta, weight, out, cols, x.stride(0),
+                                      0 if delta is None else delta.stride(0), out.stride(0), eps,
+                                      HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(cols))
+    return out
+
+
+def gdn_rows(*, conv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+             heads: tuple[int, int], head_dims: tuple[int, int], pending_pool: torch.Tensor | None = None,
+             pending_slots: torch.Tensor | None = None, pending_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """As the reference; with ``pending_pool`` [slots, 63, width] also stores row b at
+    ``pending_pool[pending_slots[b], pending_rows[b]]``."""
+    (hk, hv), (dk, dv) = heads, head_dims
+    batch = conv.shape[0]
+    key_dim, value_dim = hk * dk, hv * dv
+    width = 2 * key_dim + value_dim + 2 * hv
+    _rows_of(conv, "conv", 2 * key_dim + value_dim)
+    if a.stride() != b.stride() or a.shape[0] < batch or b.shape[0] < batch:
+        raise ValueError("a and b must be [>= B, Hv] slices of one fused output (the same strides)")
+    out = conv.new_empty(batch, width, dtype=torch.float32)
+    has_pending = pending_pool is not None
+    if has_pending and (pending_pool.shape[2] != width or pending_pool.stride()[1:] != (width, 1)):
+        raise ValueError(f"pending_pool must be [slots, 63, {width}] with contiguous rows; got "
+                         f"{tuple(pending_pool.shape)}, strides {pending_pool.stride()}")
+    if batch:
+        _gdn_rows_kernel[(batch, hk + hv)](
+            conv, conv.stride(0), a, b, a.stride(0), A_log, dt_bias, out,
+            pending_pool if has_pending else out, pending_pool.stride(0) if has_pending else 0,
+            pending_slots if has_pending else out, pending_rows if has_pending else out,
+            hk, hv, key_dim, value_dim, width, _SOFTPLUS_THRESHOLD, DK=dk, DV=dv, HAS_PENDING=has_pending)
+    return out
+
+
+def gated_rms_norm(*, core: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, rows: int,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    batch, hv, dv = core.shape
+    _rows_of(z, "z", hv * dv)
+    out = z.new_empty(rows, hv * dv, dtype=out_dtype)
+    if rows:
+        _gated_rms_norm_kernel[(rows, hv)](core.contiguous(), z, z.stride(0), weight, out, out.stride(0), batch, hv,
+                                           eps, DV=dv, BLOCK=triton.next_power_of_2(dv))
+    return out
+
+
+def qk_norm_rope(*, qkv: torch.Tensor, batch: int, positions: torch.Tensor, q_weight: torch.Tensor,
+                 k_weight: torch.Tensor, inv_freq: torch.Tensor, eps: float, heads: tuple[int, int],
+                 head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    hq, hkv = heads
+    _rows_of(qkv, "qkv", (2 * hq + 2 * hkv) * head_dim)
+    rotary = 2 * inv_freq.shape[0]
+    if not 0 < rotary <= head_dim:
+        raise ValueError(f"the rotary width 2 * len(inv_freq) = {rotary} must be in (0, head_dim={head_dim}]")
+    q = qkv.new_empty(batch, hq, head_dim, dtype=torch.float32)
+    k, v = (qkv.new_empty(batch, hkv, head_dim, dtype=torch.float32) for _ in range(2))
+    if batch:
+        _qk_norm_rope_kernel[(batch, hq + hkv)](qkv, qkv.stride(0), positions, q_weight, k_weight, inv_freq, q, k, v,
+                                                hq, hkv, eps, D=head_dim, ROTARY=rotary,
+                                                BLOCK_D=triton.next_power_of_2(head_dim))
+    return q, k, v
+
+
+def sigmoid_mul(*, attn: torch.Tensor, qkv: torch.Tensor, heads: int, head_dim: int, rows: int,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    batch = attn.shape[0]
+    _rows_of(qkv, "qkv", 2 * heads * head_dim)
+    out = attn.new_empty(rows, heads * head_dim, dtype=out_dtype)
+    if rows:
+        _sigmoid_mul_kernel[(rows, heads)](attn.contiguous(), qkv, qkv.stride(0), out, out.stride(0), batch, heads,
+                                           D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim))
+    return out
+
+
+def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    rows, width = gate_up.shape
+    _rows_of(gate_up, "gate_up", width)
+    n_cols = width // 2
+    out = gate_up.new_empty(rows, n_cols, dtype=out_dtype)
+    block = min(1024, triton.next_power_of_2(n_cols))
+    if rows:
+        _silu_mul_kernel[(rows, triton.cdiv(n_cols, block))](gate_up, gate_up.stride(0), out, out.stride(0), n_cols,
+                                                              BLOCK=block)
+    return out

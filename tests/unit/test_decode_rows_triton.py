@@ -1,0 +1,105 @@
+"""The decode step's per-row kernels match their float32 references in the interpreter (fp32 1e-5, fp16 out 1e-2):
+odd widths, padded rows written as zeros, inputs that are column slices of one fused projection output."""
+
+import pytest
+import torch
+
+from mini_engine.ops import decode_rows as reference
+from mini_engine.ops.decode_rows import triton as kernels
+from tests.unit.kernel_support import TOLERANCE, randn, relative_error
+
+BATCH, ROWS = 3, 8  # three sequences in rows padded to eight
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    assert relative_error(actual, expected) <= TOLERANCE[expected.dtype]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("with_delta", [False, True], ids=["first", "residual"])
+def test_add_rms_norm(out_dtype, with_delta):
+    """The residual sum lands in x (float32) and the offset RMSNorm of it comes out in the projection's dtype."""
+    gen = torch.Generator().manual_seed(1)
+    x, delta, weight = randn(ROWS, 100, gen=gen), randn(ROWS, 100, gen=gen, dtype=out_dtype), randn(100, gen=gen)
+    x[BATCH:] = 0
+    want_x, got_x = x.clone(), x.clone()
+    want = reference.add_rms_norm(x=want_x, delta=delta if with_delta else None, weight=weight, eps=1e-6,
+                                  out_dtype=out_dtype)
+    got = kernels.add_rms_norm(x=got_x, delta=delta if with_delta else None, weight=weight, eps=1e-6,
+                               out_dtype=out_dtype)
+    _close(got, want)
+    assert relative_error(got_x, want_x) <= 1e-6
+
+
+def test_gdn_rows_and_their_pending_copies():
+    """q and k L2-normalised per key head, v, the gates (softplus across its threshold and far below zero), and
+    the same row stored at each sequence's (pending slot, row); nothing else in the pool changes."""
+    gen = torch.Generator().manual_seed(2)
+    hk, hv, dk, dv = 2, 4, 16, 8
+    conv_dim = 2 * hk * dk + hv * dv
+    fused = randn(ROWS, conv_dim + 2 * hv + 5, gen=gen)  # conv | b | a | other columns
+    fused[:, conv_dim + hv : conv_dim + 2 * hv] = torch.tensor([-30.0, -3.0, 5.0, 25.0])  # a across softplus's range
+    conv, b, a = fused[:BATCH, :conv_dim], fused[:, conv_dim : conv_dim + hv], fused[:, conv_dim + hv : conv_dim + 2 * hv]
+    A_log, dt_bias = randn(hv, gen=gen), randn(hv, gen=gen)
+    heads, dims = (hk, hv), (dk, dv)
+    want = reference.gdn_rows(conv=conv, a=a[:BATCH], b=b[:BATCH], A_log=A_log, dt_bias=dt_bias, heads=heads,
+                              head_dims=dims)
+    pool = torch.full((5, 63, want.shape[1]), float("nan"))
+    slots, rows = torch.tensor([4, 0, 2]), torch.tensor([0, 62, 17])
+    got = kernels.gdn_rows(conv=conv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, heads=heads, head_dims=dims,
+                           pending_pool=pool, pending_slots=slots, pending_rows=rows)
+    _close(got, want)
+    for i, (slot, row) in enumerate(zip(slots, rows)):
+        assert torch.equal(pool[slot, row], got[i])
+    assert int(pool.isnan().all(-1).sum()) == 5 * 63 - BATCH
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16], ids=str)
+def test_gated_rms_norm(out_dtype):
+    """Per value head weight * rmsnorm(core) * silu(z); z read from a strided slice; padding rows zero."""
+    gen = torch.Generator().manual_seed(3)
+    core, fused, weight = randn(BATCH, 4, 24, gen=gen), randn(ROWS, 4 * 24 + 7, gen=gen), randn(24, gen=gen)
+    z = fused[:, 3 : 3 + 4 * 24]
+    args = dict(core=core, z=z, weight=weight, eps=1e-6, rows=ROWS, out_dtype=out_dtype)
+    got = kernels.gated_rms_norm(**args)
+    _close(got, reference.gated_rms_norm(**args))
+    assert not got[BATCH:].any()
+
+
+def test_qk_norm_rope():
+    """q and k normed per head and rotated on their first rotary channels at each position; v copied; the output
+    gates interleaved with the queries are skipped."""
+    gen = torch.Generator().manual_seed(4)
+    hq, hkv, d = 4, 2, 24
+    qkv = randn(ROWS, (2 * hq + 2 * hkv) * d, gen=gen)
+    inv_freq = 1.0 / (10_000 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+    args = dict(qkv=qkv, batch=BATCH, positions=torch.tensor([0, 7, 4100]), q_weight=randn(d, gen=gen),
+                k_weight=randn(d, gen=gen), inv_freq=inv_freq, eps=1e-6, heads=(hq, hkv), head_dim=d)
+    for got, want in zip(kernels.qk_norm_rope(**args), reference.qk_norm_rope(**args)):
+        _close(got, want)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16], ids=str)
+def test_sigmoid_mul_and_silu_mul(out_dtype):
+    """The attention output gate and the SwiGLU activation; padding rows of the gate's output zero."""
+    gen = torch.Generator().manual_seed(5)
+    attn, qkv = randn(BATCH, 4, 24, gen=gen), randn(ROWS, 2 * 4 * 24 + 48, gen=gen)
+    args = dict(attn=attn, qkv=qkv, heads=4, head_dim=24, rows=ROWS, out_dtype=out_dtype)
+    got = kernels.sigmoid_mul(**args)
+    _close(got, reference.sigmoid_mul(**args))
+    assert not got[BATCH:].any()
+    gate_up = randn(ROWS, 2 * 1500, gen=gen)  # two column blocks of the kernel, the second partial
+    _close(kernels.silu_mul(gate_up=gate_up, out_dtype=out_dtype),
+           reference.silu_mul(gate_up=gate_up, out_dtype=out_dtype))
+
+
+def test_bad_shapes_are_refused():
+    """A residual stream that is not float32, or rows narrower than the heads need, is an error that says so."""
+    with pytest.raises(ValueError, match="float32"):
+        kernels.add_rms_norm(x=torch.zeros(2, 8, dtype=torch.float16), delta=None, weight=torch.zeros(8), eps=1e-6,
+                             out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="qkv must be"):
+        kernels.qk_norm_rope(qkv=torch.zeros(2, 10), batch=2, positions=torch.zeros(2, dtype=torch.long),
+                             q_weight=torch.zeros(4), k_weight=torch.zeros(4), inv_freq=torch.ones(1), eps=1e-6,
+                             heads=(1, 1), head_dim=4)
