@@ -13,8 +13,9 @@ device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints 
 
 The engine runs once per ``--variants``, side by side: ``graphs`` (decode steps through
 ``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size: the
-default engine), ``triton`` (the same step launched eagerly) and ``reference`` (through
-``HybridModel.forward``). ``--profile FILE`` writes torch.profiler's tables of one batch-1 run per
+default engine), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.dtype``),
+``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
+row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's tables of one batch-1 run per
 variant (where a step's time goes).
 
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
@@ -55,8 +56,16 @@ def prompts(batch: int, length: int) -> list[list[int]]:
 
 
 VARIANTS = {"graphs": {"decode_kernels": "triton", "cuda_graphs": True},
+            "graphs-bf16": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16"},
             "triton": {"decode_kernels": "triton", "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
+
+
+def weight_bytes(model, dtype: torch.dtype | None = None) -> int:
+    """Bytes of every weight, the projections counted in ``dtype`` (default: as they are)."""
+    projections = {id(m.weight) for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
+    return sum(p.numel() * (torch.empty(0, dtype=dtype).element_size() if dtype and id(p) in projections
+                            else p.element_size()) for p in model.parameters())
 
 
 def engine_seconds(model: HybridModel, batch: int, prompt: int, new: int, variant: str = "graphs") -> float:
@@ -132,39 +141,40 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(init_weights(HybridModel(config)), folder)
         ours = load_pretrained(folder).cuda()
-        weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters())
         rows = []
         for variant in args.variants:
+            dtype = VARIANTS[variant].get("dtype", "float32")
             for batch in args.batches:
-                rows.append({"engine": f"mini-engine (float32, {variant})", **decode_rate(
-                    lambda b, p, n: engine_seconds(ours, b, p, n, variant), batch, args)})
+                rows.append({"engine": f"mini-engine ({dtype}, {variant})", "weight_bytes": weight_bytes(
+                    ours, getattr(torch, dtype)), **decode_rate(lambda b, p, n: engine_seconds(ours, b, p, n, variant),
+                                                                 batch, args)})
         if args.profile:
             profile(ours, args)
         del ours
         for dtype in args.hf_dtype:
             hf = Qwen3_5ForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).cuda().eval()
             for batch in args.batches:
-                rows.append({"engine": f"transformers.generate ({dtype})", **decode_rate(
-                    lambda b, p, n: hf_seconds(hf, b, p, n), batch, args)})
+                rows.append({"engine": f"transformers.generate ({dtype})", "weight_bytes": weight_bytes(hf),
+                             **decode_rate(lambda b, p, n: hf_seconds(hf, b, p, n), batch, args)})
             del hf
             torch.cuda.empty_cache()
-    roofline = args.bandwidth / weight_bytes  # float32 steps/s: every weight read once per step
+    for r in rows:  # steps/s if every step read every weight once at the copy bandwidth
+        r["roofline_steps_per_s"] = args.bandwidth / r["weight_bytes"]
     device = torch.cuda.get_device_name()
-    print(f"{device}; {config.name}: {weight_bytes / 1e9:.2f} GB of float32 weights, roofline {roofline:,.0f} steps/s; "
-          f"prompt {args.prompt}, decode {args.short}->{args.long} tokens")
-    print(f"{'engine':<34}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'of roofline':>12}")
+    print(f"{device}; {config.name}; prompt {args.prompt}, decode {args.short}->{args.long} tokens; roofline: the "
+          f"weights' bytes at {args.bandwidth / 1e12:.2f} TB/s")
+    print(f"{'engine':<38}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'weights GB':>11}{'of roofline':>12}")
     for r in rows:
-        print(f"{r['engine']:<34}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{r['steps_per_s']:>9.1f}"
-              f"{r['steps_per_s'] / roofline:>12.1%}")
-    for batch in args.batches:
-        ours = next(r for r in rows if r["batch"] == batch and r["engine"].startswith("mini"))
-        for r in rows:
-            if r["batch"] == batch and r is not ours:
-                print(f"batch {batch}: {ours['engine']} / {r['engine']} = {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x")
+        print(f"{r['engine']:<38}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{r['steps_per_s']:>9.1f}"
+              f"{r['weight_bytes'] / 1e9:>11.2f}{r['steps_per_s'] / r['roofline_steps_per_s']:>12.1%}")
+    for ours in (r for r in rows if r["engine"].startswith("mini")):
+        for theirs in (r for r in rows if r["batch"] == ours["batch"] and r["engine"].startswith("transformers")):
+            print(f"batch {ours['batch']}: {ours['engine']} / {theirs['engine']} = "
+                  f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": device, "model": config.name, "weight_bytes": weight_bytes,
-                       "roofline_steps_per_s": roofline, "prompt": args.prompt, "short": args.short,
+            json.dump({"device": device, "model": config.name, "bandwidth": args.bandwidth,
+                       "prompt": args.prompt, "short": args.short,
                        "long": args.long, "rows": rows}, f, indent=2)
 
 

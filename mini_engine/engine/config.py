@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.faults import parse_faults
 
-__all__ = ["DECODE_KERNELS", "DONATE_POLICIES", "EngineConfig"]
+__all__ = ["DECODE_KERNELS", "DONATE_POLICIES", "DTYPES", "EngineConfig"]
 
 DONATE_POLICIES = ("copy", "transfer")
 DECODE_KERNELS = ("auto", "reference", "triton")
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class EngineConfig:
     # TRITON_INTERPRET=1), "auto": triton on cuda, reference on the sim.
     decode_kernels: str = "auto"
     cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
+    # The projections' weights (linear layers, embedding, head) and gemm inputs; the residual stream,
+    # norms, gates, recurrent states and KV stay float32. "bfloat16" halves the bytes a decode step reads.
+    dtype: str = "float32"
     # Safeguards switched off (``mini_engine.faults.FAULTS``); "donate=transfer" and
     # donate_policy="transfer" are the same thing and each implies the other.
     faults: Iterable[str] = field(default_factory=frozenset)
@@ -69,6 +73,8 @@ class EngineConfig:
                              f"({3 * self.max_running}): each running request holds a live and two ping-pong slots")
         if self.device not in ("sim", "cuda"):
             raise ValueError(f"EngineConfig.device must be 'sim' or 'cuda'; got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"EngineConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
         if self.decode_kernels not in DECODE_KERNELS:
             raise ValueError(f"EngineConfig.decode_kernels={self.decode_kernels!r}; allowed: {DECODE_KERNELS}")
         if self.decode_path == "triton" and self.device == "sim" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -93,8 +99,8 @@ class EngineConfig:
         False with the Triton decode anywhere: its kernels are batch-invariant, but a position computed
         by a decode step (a reply a follow-up turn restores) gets other bits than the same position
         computed by a prefill (its cold run). There only greedy tokens and the copies' own checksums
-        compare exactly."""
-        return self.device == "sim" and self.decode_path == "reference"
+        compare exactly. False in bfloat16 (the oracle's exactness is a float32 property)."""
+        return self.device == "sim" and self.decode_path == "reference" and self.dtype == "float32"
 
     def has_fault(self, name: str) -> bool:
         """Whether the safeguard ``name`` removes is switched off (``name`` must be a known fault)."""

@@ -75,9 +75,11 @@ class Engine:
         self.tokenizer = ByteTokenizer()
         self.device = make_device(config.device, seed=config.device_seed)
         model = model if model is not None else load_model(config.model)
-        # The weights live where the forwards run; a caller's model elsewhere is copied, never moved.
-        self.model = model if model.device == self.device.torch_device else copy.deepcopy(model).to(
-            self.device.torch_device)
+        # The weights live where the forwards run, in the configured dtype; a caller's model elsewhere or in
+        # another dtype is copied, never changed.
+        dtype = getattr(torch, config.dtype)
+        self.model = model if (model.device, model.projection_dtype) == (self.device.torch_device, dtype) else (
+            copy.deepcopy(model).to(self.device.torch_device).cast_projections(dtype))
         self.compute = self.device.stream("compute")
         self.events = Instrumentation(sink)
         self.states = StateStorage(self.model.config, config.num_slots, self.device)

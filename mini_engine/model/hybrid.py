@@ -71,6 +71,19 @@ class HybridModel(nn.Module):
     def device(self) -> torch.device:
         return self.head_weight.device
 
+    @property
+    def projection_dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def cast_projections(self, dtype: torch.dtype) -> HybridModel:
+        """Every projection's weight (linear layers, embedding, head) to ``dtype``, in place; norms, conv, gate
+        parameters and the media projector stay as they are (``inv.linear`` computes in the weight's dtype
+        and returns the input's). Returns the model."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.data = module.weight.data.to(dtype)
+        return self
+
     def new_state(self) -> SequenceState:
         return SequenceState.empty(self.config, device=self.device)
 

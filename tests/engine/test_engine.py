@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -315,3 +316,24 @@ def test_n_choices_never_push_the_batch_past_max_running(tiny_model):
         assert len(engine.scheduler.running) <= 4
     assert all(r.finish_reason == "length" for r in engine.requests.values())
     assert_no_leak(engine)
+
+
+def test_bfloat16_projections_serve_hits_with_the_cold_tokens(tiny_model):
+    """dtype=bfloat16: the engine's copy reads bfloat16 projections (the caller's model stays float32), and hits
+    still give the greedy tokens of the same engine with the cache off (the tiled gemms are batch-invariant)."""
+    rnd = random.Random(3)
+    prefix = [rnd.randrange(256) for _ in range(140)]
+    prompts = [prefix + [rnd.randrange(256) for _ in range(rnd.randrange(1, 20))] for _ in range(6)]
+
+    def run(**options):
+        engine = Engine(EngineConfig(dtype="bfloat16", **options), model=tiny_model)
+        ids = [engine.submit(p, SamplingParams(max_tokens=5), at_step=i) for i, p in enumerate(prompts)]
+        engine.run()
+        return engine, [engine.result(r) for r in ids]
+
+    engine, hot = run()
+    _, cold = run(enable_cache=False)
+    assert engine.model.model.layers[0].mlp.down_proj.weight.dtype == torch.bfloat16
+    assert tiny_model.projection_dtype == torch.float32 and not engine.config.bit_exact
+    assert sum(r.cached_tokens > 0 for r in hot) >= 4
+    assert [r.output_ids for r in hot] == [r.output_ids for r in cold]
