@@ -6,8 +6,11 @@ Shape (the issue's): hidden 1024, 24 layers in the 3:1 pattern, 16 linear key/va
 so the embedding and head are small and the weights are the layers'). Weights are seeded
 (``init_weights``), written once as a Hugging Face checkpoint and read by both engines.
 
-Decode throughput is a difference of two runs, ``--short`` and ``--long`` new tokens per sequence,
-so prefill and start-up cancel: ``batch * (long - short) / (t_long - t_short)``. Both engines decode
+The engine's decode throughput is timed inside a run of ``--long`` new tokens per sequence, from the
+step where every sequence is decoding to the end (decode steps alone; the median of ``--repeats``
+runs and their spread). ``transformers.generate`` cannot be stepped: its rate is a difference of two
+runs, ``--short`` and ``--long`` new tokens, so prefill and start-up cancel:
+``batch * (long - short) / (t_long - t_short)``. Both engines decode
 greedily with end-of-sequence ignored. The roofline is one read of every weight per step at the
 device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints a table, writes JSON.
 
@@ -15,8 +18,8 @@ The engine runs once per ``--variants``, side by side: ``graphs`` (decode steps 
 ``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size: the
 default engine), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.dtype``),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
-row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's tables of one batch-1 run per
-variant (where a step's time goes).
+row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
+tables of one run at the largest batch per variant (where a step's time goes).
 
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
 [--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--profile FILE] [--out FILE]``.
@@ -25,6 +28,7 @@ Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -68,19 +72,38 @@ def weight_bytes(model, dtype: torch.dtype | None = None) -> int:
                             else p.element_size()) for p in model.parameters())
 
 
-def engine_seconds(model: HybridModel, batch: int, prompt: int, new: int, variant: str = "graphs") -> float:
+def engine_decode(model: HybridModel, batch: int, prompt: int, new: int, variant: str = "graphs") -> dict:
+    """One engine run; the decode rate is timed inside it, from the step where every sequence has streamed
+    ``WARM_TOKENS`` tokens (prefill done, the batch's CUDA graph captured) to the end: decode steps alone."""
     pages = batch * (-(-(prompt + new) // 16)) + 64
     config = EngineConfig(device="cuda", overlap=True, max_running=batch, num_slots=3 * batch + 8, num_pages=pages,
                           max_context=prompt + new + 64, threads=None, **VARIANTS[variant])
     engine = Engine(config, model=model)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
     ids = [engine.submit(p, SamplingParams(max_tokens=new)) for p in prompts(batch, prompt)]
+    while min(engine.poll(r)[0] for r in ids) < WARM_TOKENS:
+        engine.step()
+    torch.cuda.synchronize()
+    started, streamed, steps = time.perf_counter(), sum(engine.poll(r)[0] for r in ids), engine.steps
     engine.run()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
     assert all(len(engine.result(r).output_ids) == new for r in ids)
-    return elapsed
+    tokens = batch * new - streamed
+    return {"seconds": elapsed, "tokens": tokens, "steps": engine.steps - steps, "tokens_per_s": tokens / elapsed,
+            "steps_per_s": (engine.steps - steps) / elapsed}
+
+
+WARM_TOKENS = 4
+
+
+def engine_rate(model: HybridModel, batch: int, args, variant: str) -> dict:
+    """The median of ``--repeats`` timed runs of ``--long`` new tokens, after one warm-up run."""
+    engine_decode(model, batch, args.prompt, args.short, variant)
+    runs = [engine_decode(model, batch, args.prompt, args.long, variant) for _ in range(args.repeats)]
+    rates = sorted(r["tokens_per_s"] for r in runs)
+    median = rates[len(rates) // 2]
+    return {"batch": batch, "tokens_per_s": median, "steps_per_s": median / batch,
+            "spread": rates[-1] / rates[0] - 1, "runs": runs}
 
 
 def hf_seconds(hf, batch: int, prompt: int, new: int) -> float:
@@ -96,7 +119,8 @@ def hf_seconds(hf, batch: int, prompt: int, new: int) -> float:
 
 
 def decode_rate(seconds, batch: int, args) -> dict:
-    """Tokens/s and steps/s of decode alone, from a short and a long run (after one warm-up)."""
+    """Tokens/s and steps/s of decode alone, from a short and a long run (after one warm-up): for
+    ``transformers.generate``, which cannot be stepped."""
     seconds(batch, args.prompt, args.short)
     short, long = seconds(batch, args.prompt, args.short), seconds(batch, args.prompt, args.long)
     steps = (args.long - args.short) / (long - short)
@@ -104,17 +128,18 @@ def decode_rate(seconds, batch: int, args) -> dict:
 
 
 def profile(model: HybridModel, args) -> None:
-    """torch.profiler tables (by CPU and by CUDA time) of one batch-1 engine run per decode path."""
+    """torch.profiler tables (by CPU and by CUDA time) of one engine run per decode path at the largest batch."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     with open(args.profile, "w") as f:
         for variant in args.variants:
-            engine_seconds(model, 1, args.prompt, args.short, variant)  # warm
+            batch = max(args.batches)
+            engine_decode(model, batch, args.prompt, args.short, variant)  # warm
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                seconds = engine_seconds(model, 1, args.prompt, args.long, variant)
+                seconds = engine_decode(model, batch, args.prompt, args.long, variant)["seconds"]
             averages = prof.key_averages()
-            f.write(f"== {variant}, batch 1, prompt {args.prompt}, {args.long} new tokens: {seconds:.3f} s "
+            f.write(f"== {variant}, batch {batch}, prompt {args.prompt}, {args.long} new tokens: {seconds:.3f} s "
                     f"(under the profiler)\n")
             f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
             f.write(averages.table(sort_by="self_cuda_time_total", row_limit=25) + "\n")
@@ -126,9 +151,10 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3, help="timed engine runs per row (median, spread)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--hf-dtype", nargs="*", default=["float32", "bfloat16"])
-    parser.add_argument("--profile", default=None, help="write torch.profiler tables of a batch-1 run here")
+    parser.add_argument("--profile", default=None, help="write torch.profiler tables of a run at the largest batch here")
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -141,13 +167,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(init_weights(HybridModel(config)), folder)
         ours = load_pretrained(folder).cuda()
+        cast = {}  # one copy per dtype, made once: an engine uses a model already in its dtype as it is
         rows = []
         for variant in args.variants:
             dtype = VARIANTS[variant].get("dtype", "float32")
+            model = cast.setdefault(dtype, ours if dtype == "float32" else
+                                    copy.deepcopy(ours).cast_projections(getattr(torch, dtype)))
             for batch in args.batches:
-                rows.append({"engine": f"mini-engine ({dtype}, {variant})", "weight_bytes": weight_bytes(
-                    ours, getattr(torch, dtype)), **decode_rate(lambda b, p, n: engine_seconds(ours, b, p, n, variant),
-                                                                 batch, args)})
+                rows.append({"engine": f"mini-engine ({dtype}, {variant})", "weight_bytes": weight_bytes(model),
+                             **engine_rate(model, batch, args, variant)})
+        del cast, model
         if args.profile:
             profile(ours, args)
         del ours
@@ -163,10 +192,11 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     print(f"{device}; {config.name}; prompt {args.prompt}, decode {args.short}->{args.long} tokens; roofline: the "
           f"weights' bytes at {args.bandwidth / 1e12:.2f} TB/s")
-    print(f"{'engine':<38}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'weights GB':>11}{'of roofline':>12}")
+    print(f"{'engine':<38}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'weights GB':>11}{'of roofline':>12}{'spread':>8}")
     for r in rows:
+        spread = f"{r['spread']:.1%}" if "spread" in r else "-"
         print(f"{r['engine']:<38}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{r['steps_per_s']:>9.1f}"
-              f"{r['weight_bytes'] / 1e9:>11.2f}{r['steps_per_s'] / r['roofline_steps_per_s']:>12.1%}")
+              f"{r['weight_bytes'] / 1e9:>11.2f}{r['steps_per_s'] / r['roofline_steps_per_s']:>12.1%}{spread:>8}")
     for ours in (r for r in rows if r["engine"].startswith("mini")):
         for theirs in (r for r in rows if r["batch"] == ours["batch"] and r["engine"].startswith("transformers")):
             print(f"batch {ours['batch']}: {ours['engine']} / {theirs['engine']} = "
