@@ -43,6 +43,12 @@ def test_prefill_tiled_values_equal_heads():
                   source="pool", config=LaunchConfig(block_v=16))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_prefill_chunks_ending_inside_blocks(dtype):
+    """Chunks ending inside the 2nd, 3rd or 4th 16-row block (grouped heads, K != V): still the reference."""
+    check_prefill(lengths=[17, 33, 50, 104], hk=1, hv=2, k_dim=32, v_dim=16, dtype=dtype, device="cpu", source="tensor")
+
+
 def test_prefill_boundary_out():
     """A caller's flat buffer receives the boundary states; the returned list views it."""
     check_boundary_out(lengths=[64, 3, 130], **GROUPED, device="cpu")

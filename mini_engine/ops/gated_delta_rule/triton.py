@@ -1,15 +1,20 @@
 """Triton kernels for the gated delta rule, held to ``reference.py`` (the specification).
 
-Prefill (``chunk_gated_delta_rule_triton``) runs in two launches over a packed varlen batch:
+Prefill (``chunk_gated_delta_rule_triton``) runs in three launches over a packed varlen batch:
 
-1. ``_prepare_chunk_kernel``, one program per (chunk, value head), everything that depends on one
-   64-token chunk only: the within-chunk cumulative log-decay ``gc``; the causal score matrix
-   ``aqk = scale * (q k^T) * exp(gc_i - gc_j)`` for ``i >= j``; and the UT transform. The system
-   ``I + L`` (``L`` = strictly-lower part of ``(k * beta) k^T * exp(gc_i - gc_j)``) is inverted in
-   16-row blocks: each diagonal block by forward substitution, the blocks below it by block
-   substitution with ``tl.dot``. That inverse gives ``w = (I + L)^-1 (k * beta * exp(gc))`` and
-   ``u = (I + L)^-1 (v * beta)``.
-2. ``_state_output_kernel``, one program per (V tile, sequence, value head), walks its sequence's
+1. ``_solve_chunk_kernel``, one program (one warp) per (chunk, value head), in 16-row blocks of the
+   64-token chunk read straight from memory: the within-chunk cumulative log-decay ``gc`` (each block's
+   cumsum plus the gates of the blocks before it); the ten blocks ``L_ij``, ``j <= i``, of the strictly-lower
+   system ``L = beta_i (k_i k_j^T) exp(gc_i - gc_j)`` as [16, 16] dots (exp only where the entry is used);
+   and ``X = (I + L)^-1``: each diagonal block by forward substitution, the six below by block substitution
+   with small float32 dots. ``X`` goes to a scratch [T, Hv, 64] buffer (blocks above the diagonal and rows
+   past the end are neither written nor read).
+2. ``_wy_scores_kernel``, one program (four warps) per (chunk, value head), with whole-chunk dots: the
+   causal scores ``aqk = scale * (q k^T) * exp(gc_i - gc_j)`` for ``i >= j``, and with ``X`` read back as
+   a [64, 64] tile the UT transform ``w = X (k * beta * exp(gc))``, ``u = X (v * beta)``.
+   Two launches because the halves want different shapes: [16, 16] tiles on four warps are replicated
+   and every substitution step crosses warps, while the 64-row products want a warp group.
+3. ``_state_output_kernel``, one program per (V tile, sequence, value head), walks its sequence's
    chunks in order with the state tile [K, BV] in registers::
 
        v_new = u - w S
@@ -32,8 +37,9 @@ Decode (``fused_recurrent_gated_delta_rule_triton``) is one token per sequence: 
 applies decay, the delta-rule write and the read-out in registers, and writes it back in place.
 
 Precision: states, decays and every accumulation are float32. With bf16/fp16 inputs the ``tl.dot``
-operands (``w``, ``u``, ``aqk``, the state, ``v_new``) are rounded to the input dtype, as in
-flash-linear-attention; with float32 inputs every dot is IEEE float32 (no TF32).
+operands (``k``, ``q``, ``X``, ``w``, ``u``, ``aqk``, the state, ``v_new``) are rounded to the input dtype,
+as in flash-linear-attention, while the inverse's block products stay float32; with float32 inputs every
+dot is IEEE float32 (no TF32).
 """
 
 from __future__ import annotations
@@ -85,6 +91,34 @@ def _dot(a, b):
 
 
 @triton.jit
+def _dot_acc(a, b, acc):
+    """acc + a b, as ``_dot``."""
+    return tl.dot(a, b, acc, input_precision="ieee")
+
+
+@triton.jit
+def _block_rows(ptr, row0, B: tl.constexpr, n, row_stride, D: tl.constexpr):
+    """Rows 16B .. 16B + 15 of the chunk as a [16, D] tile, zero past the sequence's end."""
+    r = B * 16 + tl.arange(0, 16)
+    return tl.load(ptr + (row0 + r)[:, None] * row_stride + tl.arange(0, D)[None, :], mask=(r < n)[:, None],
+                   other=0.0)
+
+
+@triton.jit
+def _store_block_rows(ptr, row0, B: tl.constexpr, n, row_stride, value):
+    r = B * 16 + tl.arange(0, 16)
+    offsets = (row0 + r)[:, None] * row_stride + tl.arange(0, value.shape[1])[None, :]
+    tl.store(ptr + offsets, value.to(ptr.dtype.element_ty), mask=(r < n)[:, None])
+
+
+@triton.jit
+def _block_values(ptr, row0, B: tl.constexpr, n, row_stride):
+    """One float32 value per row of block B (a gate, a beta), zero past the sequence's end."""
+    r = B * 16 + tl.arange(0, 16)
+    return tl.load(ptr + (row0 + r) * row_stride, mask=r < n, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _chunk_rows(ptr, row0, n, row_stride, D: tl.constexpr):
     """The chunk's 64 rows of one head as a [64, D] tile, zero past the sequence's end."""
     r = tl.arange(0, 64)
@@ -100,81 +134,122 @@ def _store_chunk_rows(ptr, row0, n, row_stride, D: tl.constexpr, value):
 
 
 @triton.jit
-def _block(x4, I: tl.constexpr, J: tl.constexpr):
-    """Block (I, J) of a [64, 64] matrix viewed as [4, 16, 4, 16] (masked sums: exact)."""
-    b = tl.arange(0, 4)
-    block_row = tl.sum(tl.where((b == I)[:, None, None, None], x4, 0.0), axis=0)
-    return tl.sum(tl.where((b == J)[None, :, None], block_row, 0.0), axis=1)
+def _system_block(kk, beta_i, gc_i, gc_j, DIAGONAL: tl.constexpr):
+    """L_ij = beta_i k_i k_j^T exp(gc_i - gc_j); a diagonal block keeps its strictly-lower part only, and
+    exp never sees the upper entries (their exponent may be positive: no inf * 0)."""
+    r = tl.arange(0, 16)
+    keep = (r[:, None] > r[None, :]) | (not DIAGONAL)
+    decay = tl.exp(tl.where(keep, gc_i[:, None] - gc_j[None, :], 0.0))
+    return tl.where(keep, kk * decay * beta_i[:, None], 0.0)
 
 
 @triton.jit
-def _place(x4, block, I: tl.constexpr, J: tl.constexpr):
-    """x4 with block (I, J) replaced by a [16, 16] block."""
-    b = tl.arange(0, 4)
-    hit = (b == I)[:, None, None, None] & (b == J)[None, None, :, None]
-    return tl.where(hit, block[None, :, None, :], x4)
+def _invert_diagonal_blocks(l0, l1, l2, l3):
+    """(I + l)^-1 of four strictly-lower [16, 16] blocks by forward substitution, the four chains in one loop.
 
-
-@triton.jit
-def _invert_diagonal_blocks(l4):
-    """(I + L_bb)^-1 for the four strictly-lower diagonal blocks at once, [4, 16, 16], by forward substitution."""
-    b, r = tl.arange(0, 4), tl.arange(0, 16)
-    diagonal = tl.sum(tl.where((b[:, None] == b[None, :])[:, None, :, None], l4, 0.0), axis=2)
-    inverse = tl.zeros([4, 16, 16], dtype=tl.float32)
-    for i in range(16):
-        l_row = tl.sum(tl.where((r == i)[None, :, None], diagonal, 0.0), axis=1)
-        row = tl.where(r == i, 1.0, 0.0)[None, :] - tl.sum(l_row[:, :, None] * inverse, axis=1)
-        inverse = tl.where((r == i)[None, :, None], row[:, None, :], inverse)
-    return inverse
-
-
-@triton.jit
-def _inverse(l):
-    """(I + l)^-1 for a strictly-lower [64, 64] l, in 16-row blocks: x_ij = -x_ii sum_{j <= m < i} l_im x_mj.
-
-    The diagonal blocks are solved by substitution and the six below them with small float32 dots.
+    x = (I - m_14 e_14^T) ... (I - m_0 e_0^T), m_i column i of l: step i subtracts column i of l times
+    row i of x (final by then) from x; a masked sum extracts each (exact: one nonzero term).
     """
-    l4 = tl.reshape(l, (4, 16, 4, 16))
-    diagonal = _invert_diagonal_blocks(l4)
-    b = tl.arange(0, 4)
-    x4 = tl.where((b[:, None] == b[None, :])[:, None, :, None], diagonal[:, :, None, :], 0.0)
-    x00, x11, x22, x33 = _block(x4, 0, 0), _block(x4, 1, 1), _block(x4, 2, 2), _block(x4, 3, 3)
-    l21, l31, l32 = _block(l4, 2, 1), _block(l4, 3, 1), _block(l4, 3, 2)
-    x10 = -_dot(x11, _dot(_block(l4, 1, 0), x00))
+    r = tl.arange(0, 16)
+    x0 = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    x1, x2, x3 = x0, x0, x0
+    for i in range(15):
+        col, row = r[None, :] == i, r[:, None] == i
+        x0 = x0 - tl.sum(tl.where(col, l0, 0.0), axis=1)[:, None] * tl.sum(tl.where(row, x0, 0.0), axis=0)[None, :]
+        x1 = x1 - tl.sum(tl.where(col, l1, 0.0), axis=1)[:, None] * tl.sum(tl.where(row, x1, 0.0), axis=0)[None, :]
+        x2 = x2 - tl.sum(tl.where(col, l2, 0.0), axis=1)[:, None] * tl.sum(tl.where(row, x2, 0.0), axis=0)[None, :]
+        x3 = x3 - tl.sum(tl.where(col, l3, 0.0), axis=1)[:, None] * tl.sum(tl.where(row, x3, 0.0), axis=0)[None, :]
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _solve_chunk_kernel(k, g, beta, gcum, inverse, chunk_row0, chunk_rows, HK, HV,
+                        K: tl.constexpr, BK: tl.constexpr):
+    chunk, h = tl.program_id(0), tl.program_id(1)
+    hk = h // (HV // HK)
+    row0 = tl.load(chunk_row0 + chunk).to(tl.int64)
+    n = tl.load(chunk_rows + chunk)
+    k, g, beta, gcum, inverse = k + hk * K, g + h, beta + h, gcum + h, inverse + h * 64
+
+    # cumulative log-decay: each block's own cumsum plus the gates of the blocks before it
+    g0, g1 = _block_values(g, row0, 0, n, HV), _block_values(g, row0, 1, n, HV)
+    g2, g3 = _block_values(g, row0, 2, n, HV), _block_values(g, row0, 3, n, HV)
+    gc0 = tl.cumsum(g0, axis=0)
+    gc1 = tl.cumsum(g1, axis=0) + tl.sum(g0, axis=0)
+    gc2 = tl.cumsum(g2, axis=0) + (tl.sum(g0, axis=0) + tl.sum(g1, axis=0))
+    gc3 = tl.cumsum(g3, axis=0) + (tl.sum(g0, axis=0) + tl.sum(g1, axis=0) + tl.sum(g2, axis=0))
+    r = tl.arange(0, 16)
+    tl.store(gcum + (row0 + r) * HV, gc0, mask=r < n)
+    tl.store(gcum + (row0 + 16 + r) * HV, gc1, mask=r + 16 < n)
+    tl.store(gcum + (row0 + 32 + r) * HV, gc2, mask=r + 32 < n)
+    tl.store(gcum + (row0 + 48 + r) * HV, gc3, mask=r + 48 < n)
+
+    # k_i k_j^T for j <= i, [16, 16] blocks accumulated over BK-column slices of k
+    l00 = tl.zeros([16, 16], dtype=tl.float32)
+    l10, l11, l20, l21, l22, l30, l31, l32, l33 = l00, l00, l00, l00, l00, l00, l00, l00, l00
+    for c in tl.static_range(0, K, BK):
+        k0, k1 = _block_rows(k + c, row0, 0, n, HK * K, BK), _block_rows(k + c, row0, 1, n, HK * K, BK)
+        k2, k3 = _block_rows(k + c, row0, 2, n, HK * K, BK), _block_rows(k + c, row0, 3, n, HK * K, BK)
+        t0, t1, t2, t3 = tl.trans(k0), tl.trans(k1), tl.trans(k2), tl.trans(k3)
+        l00 = _dot_acc(k0, t0, l00)
+        l10, l11 = _dot_acc(k1, t0, l10), _dot_acc(k1, t1, l11)
+        l20, l21, l22 = _dot_acc(k2, t0, l20), _dot_acc(k2, t1, l21), _dot_acc(k2, t2, l22)
+        l30, l31, l32, l33 = _dot_acc(k3, t0, l30), _dot_acc(k3, t1, l31), _dot_acc(k3, t2, l32), _dot_acc(k3, t3, l33)
+    b0, b1 = _block_values(beta, row0, 0, n, HV), _block_values(beta, row0, 1, n, HV)
+    b2, b3 = _block_values(beta, row0, 2, n, HV), _block_values(beta, row0, 3, n, HV)
+    l00, l11 = _system_block(l00, b0, gc0, gc0, True), _system_block(l11, b1, gc1, gc1, True)
+    l22, l33 = _system_block(l22, b2, gc2, gc2, True), _system_block(l33, b3, gc3, gc3, True)
+    l10, l20, l21 = _system_block(l10, b1, gc1, gc0, False), _system_block(l20, b2, gc2, gc0, False), \
+        _system_block(l21, b2, gc2, gc1, False)
+    l30, l31, l32 = _system_block(l30, b3, gc3, gc0, False), _system_block(l31, b3, gc3, gc1, False), \
+        _system_block(l32, b3, gc3, gc2, False)
+
+    # X = (I + L)^-1 in blocks: diagonal ones by substitution, x_ij = -x_ii sum_{j <= m < i} l_im x_mj below
+    x00, x11, x22, x33 = _invert_diagonal_blocks(l00, l11, l22, l33)
+    x10 = -_dot(x11, _dot(l10, x00))
     x21 = -_dot(x22, _dot(l21, x11))
     x32 = -_dot(x33, _dot(l32, x22))
-    x20 = -_dot(x22, _dot(_block(l4, 2, 0), x00) + _dot(l21, x10))
-    x31 = -_dot(x33, _dot(l31, x11) + _dot(l32, x21))
-    x30 = -_dot(x33, _dot(_block(l4, 3, 0), x00) + _dot(l31, x10) + _dot(l32, x20))
-    x4 = _place(_place(_place(x4, x10, 1, 0), x20, 2, 0), x21, 2, 1)
-    x4 = _place(_place(_place(x4, x30, 3, 0), x31, 3, 1), x32, 3, 2)
-    return tl.reshape(x4, (64, 64))
+    x20 = -_dot(x22, _dot_acc(l21, x10, _dot(l20, x00)))
+    x31 = -_dot(x33, _dot_acc(l32, x21, _dot(l31, x11)))
+    x30 = -_dot(x33, _dot_acc(l32, x20, _dot_acc(l31, x10, _dot(l30, x00))))
+    row_stride = HV * 64
+    _store_block_rows(inverse, row0, 0, n, row_stride, x00)
+    _store_block_rows(inverse, row0, 1, n, row_stride, x10)
+    _store_block_rows(inverse + 16, row0, 1, n, row_stride, x11)
+    _store_block_rows(inverse, row0, 2, n, row_stride, x20)
+    _store_block_rows(inverse + 16, row0, 2, n, row_stride, x21)
+    _store_block_rows(inverse + 32, row0, 2, n, row_stride, x22)
+    _store_block_rows(inverse, row0, 3, n, row_stride, x30)
+    _store_block_rows(inverse + 16, row0, 3, n, row_stride, x31)
+    _store_block_rows(inverse + 32, row0, 3, n, row_stride, x32)
+    _store_block_rows(inverse + 48, row0, 3, n, row_stride, x33)
 
 
 @triton.jit
-def _prepare_chunk_kernel(q, k, v, g, beta, gcum, w, u, aqk, chunk_row0, chunk_rows, scale, HK, HV,
-                          K: tl.constexpr, V: tl.constexpr):
+def _wy_scores_kernel(q, k, v, beta, gcum, inverse, w, u, aqk, chunk_row0, chunk_rows, scale, HK, HV,
+                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     chunk, h = tl.program_id(0), tl.program_id(1)
     hk = h // (HV // HK)
     row0 = tl.load(chunk_row0 + chunk).to(tl.int64)
     n = tl.load(chunk_rows + chunk)
     r = tl.arange(0, 64)
-    gates = tl.load(g + (row0 + r) * HV + h, mask=r < n, other=0.0).to(tl.float32)
-    gc = tl.cumsum(gates, axis=0)
-    tl.store(gcum + (row0 + r) * HV + h, gc, mask=r < n)
+    gc = tl.load(gcum + (row0 + r) * HV + h, mask=r < n, other=0.0)
     betas = tl.load(beta + (row0 + r) * HV + h, mask=r < n, other=0.0).to(tl.float32)
-    decay = tl.exp(gc[:, None] - gc[None, :])
+    causal = r[:, None] >= r[None, :]
     k_c = _chunk_rows(k + hk * K, row0, n, HK * K, K)
     q_c = _chunk_rows(q + hk * K, row0, n, HK * K, K)
-    scores = tl.where(r[:, None] >= r[None, :], _dot(q_c, tl.trans(k_c)) * decay, 0.0) * scale
+    decay = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
+    scores = tl.where(causal, _dot(q_c, tl.trans(k_c)) * decay, 0.0) * scale
     _store_chunk_rows(aqk + h * 64, row0, n, HV * 64, 64, scores)
-    k_beta = (k_c * betas[:, None]).to(k_c.dtype)
-    system = tl.where(r[:, None] > r[None, :], _dot(k_beta, tl.trans(k_c)) * decay, 0.0)
-    inverse = _inverse(system).to(k_c.dtype)
-    k_gated = (k_c * (betas * tl.exp(gc))[:, None]).to(k_c.dtype)
-    _store_chunk_rows(w + h * K, row0, n, HV * K, K, _dot(inverse, k_gated))
-    v_beta = (_chunk_rows(v + h * V, row0, n, HV * V, V) * betas[:, None]).to(k_c.dtype)
-    _store_chunk_rows(u + h * V, row0, n, HV * V, V, _dot(inverse, v_beta))
+    x = tl.load(inverse + h * 64 + (row0 + r)[:, None] * (HV * 64) + r[None, :], mask=(r < n)[:, None] & causal,
+                other=0.0)
+    k_scale = betas * tl.exp(gc)
+    for c in tl.static_range(0, K, BK):
+        k_gated = (_chunk_rows(k + hk * K + c, row0, n, HK * K, BK) * k_scale[:, None]).to(x.dtype)
+        _store_chunk_rows(w + h * K + c, row0, n, HV * K, BK, _dot(x, k_gated))
+    for c in tl.static_range(0, V, BV):
+        v_beta = (_chunk_rows(v + h * V + c, row0, n, HV * V, BV) * betas[:, None]).to(x.dtype)
+        _store_chunk_rows(u + h * V + c, row0, n, HV * V, BV, _dot(x, v_beta))
 
 
 # ----------------------------------------------------------------------------- state walk (per sequence)
@@ -329,8 +404,8 @@ def _default_walk_config(pairs: int, v_dim: int, device: torch.device) -> Launch
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     for block_v, num_warps in ((64, 8), (32, 4)):
         if block_v <= v_dim and pairs * (v_dim // block_v) >= sms * 3 // 4:
-            return LaunchConfig(block_v=block_v, num_warps=num_warps)
-    return LaunchConfig(block_v=16)
+            return LaunchConfig(block_v=block_v, num_warps=num_warps, num_stages=3)
+    return LaunchConfig(block_v=16, num_stages=3)
 
 
 def _v_tiles(config: LaunchConfig, v_dim: int) -> int:
@@ -367,7 +442,7 @@ def _chunk_tables(cu_seqlens: tuple[int, ...], device: torch.device) -> tuple[_C
 
 
 class _Prepared(NamedTuple):
-    """What the prepare kernel leaves for the walk, per packed row and value head."""
+    """What the prepare kernels leave for the walk, per packed row and value head."""
 
     gcum: torch.Tensor  # [T, Hv] float32, cumulative log-decay within the row's chunk
     w: torch.Tensor  # [T, Hv, K]
@@ -381,8 +456,13 @@ def _prepare_chunks(q, k, v, g, beta, chunk_row0, chunk_rows, scale: float) -> _
     prepared = _Prepared(torch.empty(total, hv, device=q.device, dtype=torch.float32),
                          q.new_empty(total, hv, k_dim), q.new_empty(total, hv, v_dim), q.new_empty(total, hv, CHUNK))
     if chunk_row0.numel():
-        _prepare_chunk_kernel[(chunk_row0.numel(), hv)](
-            q, k, v, g, beta, *prepared, chunk_row0, chunk_rows, scale, hk, hv, K=k_dim, V=v_dim, num_warps=8)
+        grid = (chunk_row0.numel(), hv)
+        inverse = q.new_empty(total, hv, CHUNK)  # X of each chunk's rows; blocks above the diagonal stay unwritten
+        _solve_chunk_kernel[grid](k, g, beta, prepared.gcum, inverse, chunk_row0, chunk_rows, hk, hv, K=k_dim,
+                                  BK=min(k_dim, 64), num_warps=1)
+        _wy_scores_kernel[grid](q, k, v, beta, prepared.gcum, inverse, prepared.w, prepared.u, prepared.aqk,
+                                chunk_row0, chunk_rows, scale, hk, hv, K=k_dim, V=v_dim, BK=min(k_dim, 64),
+                                BV=min(v_dim, 64), num_warps=4)
     return prepared
 
 
