@@ -87,6 +87,7 @@ def main() -> None:
     for _ in range(args.repeats):  # interleaved, so drift on a noisy machine hits every mode alike
         for name in args.modes:
             rows.setdefault(name, []).append(run(model, MODES[name], **settings))
+            print(f"  {name}: {rows[name][-1]['seconds']:.3f} s", flush=True)  # kept if the run is cut short
     summary = {name: {**runs[0], "seconds": statistics.median(r["seconds"] for r in runs),
                       "spread": max(r["seconds"] for r in runs) / min(r["seconds"] for r in runs) - 1}
                for name, runs in rows.items()}
