@@ -93,18 +93,17 @@ def _gdn_rows_kernel(conv, conv_stride, a, b, ab_stride, A_log, dt_bias, out, pe
 @triton.jit
 def _gated_rms_norm_kernel(core, z, z_stride, weight, out, out_stride, batch, HV, eps,
                            DV: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, value head); a padding row (past the batch) loads zeros and so stores zeros."""
     r, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     ok = cols < DV
-    dst = out + r * out_stride + h * DV + cols
-    if r < batch:
-        c = tl.load(core + (r * HV + h) * DV + cols, mask=ok, other=0.0).to(tl.float32)
-        gate = tl.load(z + r * z_stride + h * DV + cols, mask=ok, other=0.0).to(tl.float32)
-        w = tl.load(weight + cols, mask=ok, other=0.0).to(tl.float32)
-        normed = c * tl.rsqrt(tl.sum(c * c, axis=0) / DV + eps)
-        tl.store(dst, (w * normed * (gate * _sigmoid(gate))).to(out.dtype.element_ty), mask=ok)
-    else:
-        tl.store(dst, tl.zeros([BLOCK], dtype=tl.float32).to(out.dtype.element_ty), mask=ok)
+    live = ok & (r < batch)
+    c = tl.load(core + (r * HV + h) * DV + cols, mask=live, other=0.0).to(tl.float32)
+    gate = tl.load(z + r * z_stride + h * DV + cols, mask=live, other=0.0).to(tl.float32)
+    w = tl.load(weight + cols, mask=ok, other=0.0).to(tl.float32)
+    normed = c * tl.rsqrt(tl.sum(c * c, axis=0) / DV + eps)
+    value = w * normed * (gate * _sigmoid(gate))
+    tl.store(out + r * out_stride + h * DV + cols, value.to(out.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -136,16 +135,14 @@ def _qk_norm_rope_kernel(qkv, qkv_stride, positions, q_weight, k_weight, inv_fre
 
 @triton.jit
 def _sigmoid_mul_kernel(attn, qkv, qkv_stride, out, out_stride, batch, HQ, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (row, query head); a padding row loads zeros and so stores zeros."""
     r, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     ok = d < D
-    dst = out + r * out_stride + h * D + d
-    if r < batch:
-        a = tl.load(attn + (r * HQ + h) * D + d, mask=ok, other=0.0).to(tl.float32)
-        gate = tl.load(qkv + r * qkv_stride + h * 2 * D + D + d, mask=ok, other=0.0).to(tl.float32)
-        tl.store(dst, (a * _sigmoid(gate)).to(out.dtype.element_ty), mask=ok)
-    else:
-        tl.store(dst, tl.zeros([BLOCK_D], dtype=tl.float32).to(out.dtype.element_ty), mask=ok)
+    live = ok & (r < batch)
+    a = tl.load(attn + (r * HQ + h) * D + d, mask=live, other=0.0).to(tl.float32)
+    gate = tl.load(qkv + r * qkv_stride + h * 2 * D + D + d, mask=live, other=0.0).to(tl.float32)
+    tl.store(out + r * out_stride + h * D + d, (a * _sigmoid(gate)).to(out.dtype.element_ty), mask=ok)
 
 
 @triton.jit
