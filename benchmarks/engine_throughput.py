@@ -2,8 +2,8 @@
 
 Modes: donation copy vs transfer, overlap, the cache off, and the slot ledger on (an instrumentation
 sink: every slot event with the checksum of the bytes it wrote or read; "+ refs" adds the cold
-reference state of every donated prefix, which attribution uses). Workload: 48 requests over 6 shared 130-token prefixes plus 1-40 private tokens, 8 generated tokens
-each, arriving 2 per step. Prints a table (requests/s, generated tokens/s, hit rate) and writes JSON.
+reference state of every donated prefix, which attribution uses). Workload: 48 requests over 6 shared
+130-token prefixes plus 1-40 private tokens, 8 generated tokens each (``--max-tokens``), arriving 2 per step. Prints a table (requests/s, generated tokens/s, hit rate) and writes JSON.
 Each mode runs ``--repeats`` times after one discarded warm-up run; the median is reported with the
 spread (max/min - 1). ``--device cuda`` runs every mode on the GPU (real streams).
 

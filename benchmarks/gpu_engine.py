@@ -154,7 +154,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed engine runs per row (median, spread)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--hf-dtype", nargs="*", default=["float32", "bfloat16"])
-    parser.add_argument("--profile", default=None, help="write torch.profiler tables of a run at the largest batch here")
+    parser.add_argument("--profile", default=None,
+                        help="write torch.profiler tables of a run at the largest batch here")
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

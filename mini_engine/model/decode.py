@@ -4,8 +4,12 @@
 advanced state, and the runner copies it back into the pools. That is one gather and one scatter of
 the whole state per sequence and layer, a host round trip per sequence, and the KV of the whole
 prefix re-read through Python. ``decode_step`` computes the same step with the Triton kernels,
-straight on the pools, in a fixed number of launches per layer whatever the batch:
+straight on the pools, in a fixed number of launches per layer whatever the batch (about a dozen):
 
+- projections: the residual stream is kept as float32 rows padded to the gemm tile (``inv.ROW_TILE``),
+  the projections that read the same rows are fused into one weight (``DecodeModel``), and the
+  norms, gates, RoPE and activations around them are one per-row kernel each
+  (``mini_engine.ops.decode_rows``), writing the next gemm's input in the weight's dtype;
 - conv: ``causal_conv1d_update`` on the slot's conv rows, in place;
 - Gated DeltaNet, on the state as it is kept (``mini_engine.model.state``: the recurrent state at
   the last 64-boundary and the prepared rows since): ``pending_replay_decode_triton`` replays the
@@ -20,7 +24,7 @@ Only the greedy argmax is left to the caller.
 
 Nothing in the step reads the device from the host or sizes a tensor by a value, so on CUDA
 ``DecodeGraphs`` captures it once per batch size and replays it: a step costs a few copies and one
-graph launch on the host instead of thousands of kernel launches.
+graph launch on the host instead of hundreds of kernel launches.
 """
 
 from __future__ import annotations

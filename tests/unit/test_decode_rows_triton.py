@@ -40,7 +40,8 @@ def test_gdn_rows_and_their_pending_copies():
     conv_dim = 2 * hk * dk + hv * dv
     fused = randn(ROWS, conv_dim + 2 * hv + 5, gen=gen)  # conv | b | a | other columns
     fused[:, conv_dim + hv : conv_dim + 2 * hv] = torch.tensor([-30.0, -3.0, 5.0, 25.0])  # a across softplus's range
-    conv, b, a = fused[:BATCH, :conv_dim], fused[:, conv_dim : conv_dim + hv], fused[:, conv_dim + hv : conv_dim + 2 * hv]
+    conv = fused[:BATCH, :conv_dim]
+    b, a = fused[:, conv_dim : conv_dim + hv], fused[:, conv_dim + hv : conv_dim + 2 * hv]
     A_log, dt_bias = randn(hv, gen=gen), randn(hv, gen=gen)
     heads, dims = (hk, hv), (dk, dv)
     want = reference.gdn_rows(conv=conv, a=a[:BATCH], b=b[:BATCH], A_log=A_log, dt_bias=dt_bias, heads=heads,
