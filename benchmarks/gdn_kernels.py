@@ -27,8 +27,8 @@ from triton.testing import do_bench
 from mini_engine.ops.gated_delta_rule.triton import (
     LaunchConfig,
     chunk_gated_delta_rule_triton,
-    fused_recurrent_gated_delta_rule_triton,
 )
+from mini_engine.ops.gated_delta_rule.triton_decode import fused_recurrent_gated_delta_rule_triton
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s, H200 device-to-device copy (issue 9)
 FLA_REFERENCE_US = {"prefill": 1410.0, "decode": 261.0}  # issue 9, measured on the H200

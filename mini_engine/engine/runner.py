@@ -157,8 +157,8 @@ class ModelRunner:
         if self.graphs is not None:
             logits = self.graphs(slots, positions, table)
         else:
-            logits = decode_step(self.decode_model, self.pools, self.states.next_token.index_select(0, slot_ids), slots,
-                                 positions, table)
+            tokens_in = self.states.next_token.index_select(0, slot_ids)
+            logits = decode_step(self.decode_model, self.pools, tokens_in, slots, positions, table)
         tokens = logits.argmax(-1)
         for r, it in enumerate(items):
             if it.request.params.temperature != 0:

@@ -211,7 +211,7 @@ class DecodeGraphs:
 def _linear_attention(gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int, step: _Step,
                       n: int) -> torch.Tensor:
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
-    from mini_engine.ops.gated_delta_rule.triton import pending_replay_decode_triton
+    from mini_engine.ops.gated_delta_rule.triton_decode import pending_replay_decode_triton
 
     proj = inv.linear(h, in_proj)  # [P, qkv | z | b | a]
     conv_dim = 2 * gdn.key_dim + gdn.value_dim

@@ -73,10 +73,4 @@ class Rotary:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: [N, heads, head_dim]; positions: [N] absolute positions."""
-        freqs = positions.float()[:, None] * self.frequencies(positions.device)[None, :]
-        angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
-        cos, sin = angles.cos(), angles.sin()
-        rot, rest = x[..., : self.dim], x[..., self.dim :]
-        half = self.dim // 2
-        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-        return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
+        return inv.rope(x, positions, self.frequencies(positions.device))

@@ -34,6 +34,7 @@ __all__ = [
     "softplus",
     "rms_norm",
     "l2_normalize",
+    "rope",
 ]
 
 ROW_TILE = 64
@@ -112,3 +113,14 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``x / sqrt(sum(x^2) + eps)`` over the last dim, as flash-linear-attention and HF compute it."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [N, heads, head_dim] at ``positions`` [N] on its first ``2 * len(inv_freq)``
+    channels; the rest pass through."""
+    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
+    dim = angles.shape[-1]
+    rot, rest = x[..., :dim], x[..., dim:]
+    rotated = torch.cat([-rot[..., dim // 2 :], rot[..., : dim // 2]], dim=-1)
+    return torch.cat([rot * angles.cos() + rotated * angles.sin(), rest], dim=-1)

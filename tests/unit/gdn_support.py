@@ -10,10 +10,8 @@ from __future__ import annotations
 import torch
 
 from mini_engine.ops.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
-from mini_engine.ops.gated_delta_rule.triton import (
-    chunk_gated_delta_rule_triton,
-    fused_recurrent_gated_delta_rule_triton,
-)
+from mini_engine.ops.gated_delta_rule.triton import chunk_gated_delta_rule_triton
+from mini_engine.ops.gated_delta_rule.triton_decode import fused_recurrent_gated_delta_rule_triton
 from mini_engine.ops.invariant import l2_normalize
 from tests.unit.kernel_support import TOLERANCE, offsets, randn, relative_error
 

@@ -11,8 +11,8 @@ import torch
 from mini_engine.ops.gated_delta_rule.triton import (
     LaunchConfig,
     chunk_gated_delta_rule_triton,
-    fused_recurrent_gated_delta_rule_triton,
 )
+from mini_engine.ops.gated_delta_rule.triton_decode import fused_recurrent_gated_delta_rule_triton
 from tests.unit.gdn_support import (
     check_boundary_out,
     check_decode,

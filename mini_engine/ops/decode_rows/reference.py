@@ -43,7 +43,7 @@ def gdn_rows(*, conv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: tor
              heads: tuple[int, int], head_dims: tuple[int, int]) -> torch.Tensor:
     """Rows [B, 2*Hk*K + Hv*V + 2*Hv] from conv outputs [B, 2*Hk*K + Hv*V] (after SiLU) and a, b [B, Hv]:
     q and k L2-normalised per key head, v as is, ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``."""
-    (hk, hv), (dk, _) = heads, head_dims
+    (hk, _), (dk, _) = heads, head_dims
     key_dim = hk * dk
     q, k, v = conv.float().split([key_dim, key_dim, conv.shape[1] - 2 * key_dim], dim=-1)
     q = inv.l2_normalize(q.reshape(-1, hk, dk)).reshape(-1, key_dim)
@@ -73,19 +73,11 @@ def qk_norm_rope(*, qkv: torch.Tensor, batch: int, positions: torch.Tensor, q_we
     q = rows[:, : hq * 2 * d].reshape(batch, hq, 2 * d)[..., :d]
     k = rows[:, hq * 2 * d : hq * 2 * d + hkv * d].reshape(batch, hkv, d)
     v = rows[:, hq * 2 * d + hkv * d :].reshape(batch, hkv, d)
-    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
-    angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]
-    rotary = angles.shape[-1]
 
-    def rope(x: torch.Tensor) -> torch.Tensor:
-        rot, rest = x[..., :rotary], x[..., rotary:]
-        rotated = torch.cat([-rot[..., rotary // 2 :], rot[..., : rotary // 2]], dim=-1)
-        return torch.cat([rot * angles.cos() + rotated * angles.sin(), rest], dim=-1)
+    def norm_rope(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return inv.rope(inv.rms_norm(x, eps) * (1.0 + weight.float()), positions, inv_freq)
 
-    def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return inv.rms_norm(x, eps) * (1.0 + weight.float())
-
-    return rope(norm(q, q_weight)), rope(norm(k, k_weight)), v.contiguous()
+    return norm_rope(q, q_weight), norm_rope(k, k_weight), v.contiguous()
 
 
 def sigmoid_mul(*, attn: torch.Tensor, qkv: torch.Tensor, heads: int, head_dim: int, rows: int,

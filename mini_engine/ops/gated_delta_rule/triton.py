@@ -32,9 +32,7 @@ Where the chunks and boundary states of a packed batch lie (lengths 130, 64, 1):
     boundary rows | b0     | b1     |          | b2              |            |
     first_boundary: seq 0 -> 0, seq 1 -> 2, seq 2 -> 3 (no full chunk: none of its own)
 
-Decode (``fused_recurrent_gated_delta_rule_triton``) is one token per sequence: one program per
-(V tile, sequence, value head) reads its [K, BV] tile of the float32 state from the pool once,
-applies decay, the delta-rule write and the read-out in registers, and writes it back in place.
+The decode kernels (one token per sequence, on states in the slot pool) are in ``triton_decode.py``.
 
 Precision: states, decays and every accumulation are float32. With bf16/fp16 inputs the ``tl.dot``
 operands (``k``, ``q``, ``X``, ``w``, ``u``, ``aqk``, the state, ``v_new``) are rounded to the input dtype,
@@ -55,8 +53,7 @@ import triton.language as tl
 
 from mini_engine.ops.gated_delta_rule.reference import CHUNK, GdnResult, _check_inputs
 
-__all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton", "fused_recurrent_gated_delta_rule_triton",
-           "pending_replay_decode_triton"]
+__all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton"]
 
 if CHUNK != 64:
     raise ImportError("the Triton kernels solve 64-row chunks as four 16-row blocks; CHUNK must be 64")
@@ -311,64 +308,6 @@ def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_firs
         tl.store(init + slot * init_slot_stride + tile, state.to(init.dtype.element_ty))
 
 
-# ----------------------------------------------------------------------------- decode (one token)
-
-
-@triton.jit
-def _recurrent_step_kernel(q, k, v, g, beta, pool, pool_rows, slot_stride, out, scale, HK, HV,
-                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    vt, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    hk = h // (HV // HK)
-    kk = tl.arange(0, K)
-    cols = vt * BV + tl.arange(0, BV)
-    slot = tl.load(pool_rows + b).to(tl.int64)
-    tile = pool + slot * slot_stride + h * (K * V) + kk[:, None] * V + cols[None, :]
-    state = tl.load(tile).to(tl.float32)
-    k_t = tl.load(k + (b * HK + hk) * K + kk).to(tl.float32)
-    q_t = tl.load(q + (b * HK + hk) * K + kk).to(tl.float32) * scale
-    v_t = tl.load(v + (b * HV + h) * V + cols).to(tl.float32)
-    state = state * tl.exp(tl.load(g + b * HV + h).to(tl.float32))
-    delta = (v_t - tl.sum(state * k_t[:, None], axis=0)) * tl.load(beta + b * HV + h).to(tl.float32)
-    state = state + k_t[:, None] * delta[None, :]
-    tl.store(tile, state.to(pool.dtype.element_ty))
-    tl.store(out + (b * HV + h) * V + cols, tl.sum(state * q_t[:, None], axis=0).to(out.dtype.element_ty))
-
-
-@triton.jit
-def _delta_step(state, row, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K: tl.constexpr, V: tl.constexpr):
-    """One token of the recurrence on a [K, BV] state tile, the token a prepared row q|k|v|g|beta at ``row``."""
-    k_t = tl.load(row + KEY_DIM + hk * K + kk).to(tl.float32)
-    v_t = tl.load(row + 2 * KEY_DIM + h * V + cols).to(tl.float32)
-    g_t = tl.load(row + 2 * KEY_DIM + VALUE_DIM + h).to(tl.float32)
-    beta_t = tl.load(row + 2 * KEY_DIM + VALUE_DIM + HV + h).to(tl.float32)
-    state = state * tl.exp(g_t)
-    delta = (v_t - tl.sum(state * k_t[:, None], axis=0)) * beta_t
-    return state + k_t[:, None] * delta[None, :]
-
-
-@triton.jit
-def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, slots, rows, out, scale,
-                           HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
-                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    vt, b, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
-    hk = h // (HV // HK)
-    kk = tl.arange(0, K)
-    cols = vt * BV + tl.arange(0, BV)
-    slot = tl.load(slots + b).to(tl.int64)
-    n_pending = tl.load(rows + b)
-    tile = rec + slot * rec_slot_stride + h * (K * V) + kk[:, None] * V + cols[None, :]
-    state = tl.load(tile).to(tl.float32)
-    base = pending + slot * pending_slot_stride
-    for j in range(0, n_pending):
-        state = _delta_step(state, base + j * ROW_WIDTH, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K, V)
-    row = new_rows + b * ROW_WIDTH
-    state = _delta_step(state, row, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K, V)
-    q_t = tl.load(row + hk * K + kk).to(tl.float32) * scale
-    tl.store(out + (b * HV + h) * V + cols, tl.sum(state * q_t[:, None], axis=0).to(out.dtype.element_ty))
-    if n_pending == 63:  # the token completes its chunk: the slot now keeps the state at the boundary
-        tl.store(tile, state.to(rec.dtype.element_ty))
-
-
 # ----------------------------------------------------------------------------- host side
 
 
@@ -532,77 +471,3 @@ def chunk_gated_delta_rule_triton(
             WRITE_BACK=state_pool is not None, num_warps=config.num_warps, num_stages=config.num_stages)
     firsts = plan.seq_first_boundary
     return GdnResult(out, final, [boundary[f : f + n] for f, n in zip(firsts, plan.full_chunks)])
-
-
-def fused_recurrent_gated_delta_rule_triton(
-    *, q, k, v, g, beta, state_pool, state_indices, scale: float | None = None, config: LaunchConfig | None = None,
-) -> torch.Tensor:
-    """One decode step: q, k [B, Hk, K], v [B, Hv, V], g, beta [B, Hv]; returns the output [B, Hv, V].
-
-    Sequence ``b``'s state is row ``state_indices[b]`` of ``state_pool`` [slots, Hv, K, V]; it is
-    read and overwritten in place. Rows must be distinct, except a padding sink whose contents
-    nobody reads.
-    """
-    if q.dim() != 3 or q.shape != k.shape:
-        raise ValueError(f"q and k must both be [B, Hk, K]; got {tuple(q.shape)} and {tuple(k.shape)}")
-    n_seq, hk, k_dim = q.shape
-    if v.dim() != 3 or v.shape[0] != n_seq or v.shape[1] % hk:
-        raise ValueError(f"v must be [B, Hv, V] with B={n_seq} and Hv a multiple of Hk={hk}; got {tuple(v.shape)}")
-    hv, v_dim = v.shape[1], v.shape[2]
-    for name, t in (("g", g), ("beta", beta)):
-        if tuple(t.shape) != (n_seq, hv):
-            raise ValueError(f"{name} must be [B, Hv] = {(n_seq, hv)}; got {tuple(t.shape)}")
-    _check_head_sizes(k_dim, v_dim, q.dtype)
-    _check_pool(state_pool, state_indices, n_seq, (hv, k_dim, v_dim))
-    scale = k_dim**-0.5 if scale is None else scale
-    config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
-    out = v.new_empty(n_seq, hv, v_dim)
-    if n_seq:
-        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-        rows = state_indices.to(device=q.device, dtype=torch.int32)
-        _recurrent_step_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
-            q, k, v, g, beta, state_pool, rows, state_pool.stride(0), out, scale, hk, hv, K=k_dim, V=v_dim,
-            BV=config.block_v, num_warps=config.num_warps, num_stages=config.num_stages)
-    return out
-
-
-def pending_replay_decode_triton(
-    *, new_rows, pending_pool, rec_pool, slots, rows, heads: tuple[int, int], scale: float | None = None,
-    config: LaunchConfig | None = None,
-) -> torch.Tensor:
-    """One decode step on chunk-exact slots (``mini_engine.model.state``): returns the output [B, Hv, V].
-
-    ``new_rows`` [B, width]: each sequence's new token as a prepared row q|k|v|g|beta (q, k per key
-    head of K; v per value head of V; g, beta per value head). Sequence b's slot ``slots[b]`` holds in
-    ``rec_pool`` [slots, Hv, K, V] the state at its last 64-boundary and in ``pending_pool``
-    [slots, 63, width] the ``rows[b]`` rows since. One program per (V tile, sequence, value head)
-    replays those rows and the new one from the boundary state in registers (the recurrent rule, as
-    ``fused_recurrent_gated_delta_rule_triton``), reads the new token's output, and, when the token
-    completes the chunk (``rows[b] == 63``), writes the state at the new boundary into the slot's
-    ``rec_pool`` row. The pending rows are only read: appending the new row is the caller's.
-    ``heads`` = (Hk, Hv); K = V = the head sizes implied by ``width`` and the pools.
-    """
-    hk, hv = heads
-    n_seq, width = new_rows.shape
-    if rec_pool.dim() != 4 or rec_pool.shape[1] != hv:
-        raise ValueError(f"rec_pool must be [slots, Hv={hv}, K, V]; got {tuple(rec_pool.shape)}")
-    k_dim, v_dim = rec_pool.shape[2], rec_pool.shape[3]
-    if width != 2 * hk * k_dim + hv * v_dim + 2 * hv:
-        raise ValueError(f"rows of width {width} do not hold q|k|v|g|beta for Hk={hk}, Hv={hv}, K={k_dim}, V={v_dim}")
-    if pending_pool.dim() != 3 or pending_pool.shape[1] != CHUNK - 1 or pending_pool.shape[2] != width \
-            or pending_pool.stride()[1:] != (width, 1) or not new_rows.is_contiguous():
-        raise ValueError(f"pending_pool must be [slots, {CHUNK - 1}, {width}] with contiguous rows and new_rows "
-                         f"contiguous; got {tuple(pending_pool.shape)}, strides {pending_pool.stride()}")
-    _check_head_sizes(k_dim, v_dim, new_rows.dtype)
-    _check_pool(rec_pool, slots, n_seq, (hv, k_dim, v_dim))
-    if tuple(rows.shape) != (n_seq,):
-        raise ValueError(f"rows must be [{n_seq}]; got {tuple(rows.shape)}")
-    scale = k_dim**-0.5 if scale is None else scale
-    config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
-    out = new_rows.new_empty(n_seq, hv, v_dim)
-    if n_seq:
-        _pending_replay_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
-            new_rows, pending_pool, pending_pool.stride(0), rec_pool, rec_pool.stride(0), slots, rows, out, scale,
-            hk, hv, hk * k_dim, hv * v_dim, width, K=k_dim, V=v_dim, BV=config.block_v,
-            num_warps=config.num_warps, num_stages=config.num_stages)
-    return out
