@@ -82,7 +82,8 @@ class Engine:
             copy.deepcopy(model).to(self.device.torch_device).cast_projections(dtype))
         self.compute = self.device.stream("compute")
         self.events = Instrumentation(sink)
-        self.states = StateStorage(self.model.config, config.num_slots, self.device)
+        self.states = StateStorage(self.model.config, config.num_slots, self.device,
+                                   running=config.decode_path == "triton")
         self.kv = KVStorage(self.model.config, config.num_pages, config.page_size, self.device)
         self.copy = self.device.stream("copy")
         self.fences = SlotFences(self.device)

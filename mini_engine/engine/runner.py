@@ -65,7 +65,7 @@ class ModelRunner:
         if decode_path not in ("reference", "triton"):
             raise ValueError(f"decode_path must be 'reference' or 'triton'; got {decode_path!r}")
         self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
-        self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
+        self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
         self.decode_model = DecodeModel(model) if decode_path == "triton" else None
         self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
@@ -199,6 +199,7 @@ class ModelRunner:
     def _write_snapshot(self, slot: int, snapshot) -> None:
         self.states.conv[slot].copy_(snapshot.conv)
         self.states.rec[slot].copy_(snapshot.rec)  # at a 64-multiple: no pending rows
+        self.states.forget_running(slot)
 
     @staticmethod
     def _sample(logits: torch.Tensor, request: Request, position: int) -> int:

@@ -23,16 +23,30 @@ __all__ = ["KVStorage", "StateStorage"]
 
 
 class StateStorage:
-    """``conv[S, L, C, W-1]``, ``rec[S, L, Hv, K, V]``, ``pending[S, L, 63, width]`` in float32."""
+    """``conv[S, L, C, W-1]``, ``rec[S, L, Hv, K, V]``, ``pending[S, L, 63, width]`` in float32.
 
-    def __init__(self, config: ModelConfig, n_slots: int, device: Device) -> None:
+    With ``running=True`` (the Triton decode path) also ``run[S, L, Hv, K, V]`` and ``run_rows[S, L]``:
+    a memo the decode kernel keeps of the state after the slot's pending rows (``rows + 1`` when its
+    step left it there, -1 otherwise), so the next step need not replay them. It is derived, never part
+    of a state's bytes: every write here other than a decode step's sets ``run_rows`` to -1, and a
+    stale memo costs a replay (``pending_replay_decode_triton``), never a wrong state.
+    """
+
+    def __init__(self, config: ModelConfig, n_slots: int, device: Device, *, running: bool = False) -> None:
         n_lin = len(config.linear_layers)
         shape = (n_slots + 1, n_lin)
+        heads = (config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim)
         self.conv = device.zeros(*shape, config.conv_dim, config.linear_conv_kernel_dim - 1)
-        self.rec = device.zeros(*shape, config.linear_num_value_heads, config.linear_key_head_dim,
-                                config.linear_value_head_dim)
+        self.rec = device.zeros(*shape, *heads)
         self.pending = device.zeros(*shape, SNAPSHOT_ALIGN - 1, pending_width(config))
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
+        self.run = device.zeros(*shape, *heads) if running else None
+        self.run_rows = device.zeros(*shape, dtype=torch.int32).fill_(-1) if running else None
+
+    def forget_running(self, slot: int) -> None:
+        """The slot's bytes were written by something other than a decode step: its memo is stale."""
+        if self.run_rows is not None:
+            self.run_rows[slot].fill_(-1)
 
     def copy_slot(self, dst: int, src: int, length: int, *, recurrent: bool = True) -> None:
         """Device-side body of a clone, restore or fork of a state of ``length`` tokens: conv, rec and
@@ -43,11 +57,13 @@ class StateStorage:
         if recurrent:
             self.rec[dst].copy_(self.rec[src])
         self.pending[dst, :, :rows].copy_(self.pending[src, :, :rows])
+        self.forget_running(dst)
 
     def clear_slot(self, slot: int) -> None:
         """Device-side body of a cold start: the empty state (no pending rows to clear)."""
         self.conv[slot].zero_()
         self.rec[slot].zero_()
+        self.forget_running(slot)
 
     def slot_bytes(self, slot: int, length: int) -> torch.Tensor:
         """The exact bytes that define a state of ``length`` tokens in ``slot`` (for checksums)."""
@@ -68,6 +84,7 @@ class StateStorage:
         self.rec[slot].copy_(state.rec)
         rows = state.pending.shape[1]
         self.pending[slot, :, :rows].copy_(state.pending)
+        self.forget_running(slot)
 
 
 class KVStorage:

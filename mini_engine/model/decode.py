@@ -15,7 +15,9 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
   the last 64-boundary and the prepared rows since): ``pending_replay_decode_triton`` replays the
   slot's pending rows and the new row from the boundary state in registers and reads the new
   token's output. The new row joins the slot's pending rows, or, when it completes the chunk, the
-  kernel writes the state at the new boundary into the slot. (The recurrent rule, not the chunked
+  kernel writes the state at the new boundary into the slot. With the pools' running copy
+  (``Pools.run``) a step that follows a step on the same slot starts from the state the last one
+  left there: one row instead of up to 64, the same bits. (The recurrent rule, not the chunked
   one: the same value to rounding, at one program per sequence and head whatever the chunk's fill.)
 - attention: the new K/V written into the pages of the *resident* page table the caller passes
   (what the device holds, stale or not), then paged decode attention over those pages.
@@ -50,6 +52,8 @@ class Pools(NamedTuple):
     pending: torch.Tensor  # [slots, L_linear, 63, pending_width]
     keys: torch.Tensor  # [pages, L_full, page_size, Hkv, D]
     values: torch.Tensor
+    run: torch.Tensor | None = None  # [slots, L_linear, Hv, K, V]: the running copy (StateStorage(running=True))
+    run_rows: torch.Tensor | None = None  # [slots, L_linear] int32: the pending rows it follows, -1: none
 
 
 class _Step(NamedTuple):
@@ -224,8 +228,9 @@ def _linear_attention(gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools,
                         head_dims=(gdn.dk, gdn.dv), pending_pool=pending, pending_slots=step.pending_slots,
                         pending_rows=step.rows.clamp(max=SNAPSHOT_ALIGN - 2))
     # (the kernel reads the slot's rows before the new one: the row just stored is past them)
+    running = {} if pools.run is None else {"run_pool": pools.run[:, layer], "run_rows": pools.run_rows[:, layer]}
     core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
-                                        slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv))
+                                        slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv), **running)
     gated = row_ops.gated_rms_norm(core=core, z=z, weight=gdn.norm.weight, eps=gdn.norm.eps, rows=h.shape[0],
                                 out_dtype=gdn.out_proj.weight.dtype)
     return inv.linear(gated, gdn.out_proj.weight)

@@ -23,7 +23,7 @@ def setup():
 
 def test_graph_replays_give_the_eager_steps_bits():
     """Four steps through ``DecodeGraphs`` (eager, capture, replay, replay) against four eager steps on a copy
-    of the pools: the same logits bit for bit at every step, and the same pools after."""
+    of the pools (running copies included): the same logits bit for bit at every step, and the same pools after."""
     import torch
 
     from mini_engine.engine.storage import KVStorage, StateStorage
@@ -31,12 +31,13 @@ def test_graph_replays_give_the_eager_steps_bits():
 
     model = build_builtin("tiny-random").cuda()
     device, steps = CudaDevice(), 4
-    states, kv = StateStorage(model.config, 8, device), KVStorage(model.config, 1024, spec.PAGE, device)
+    states = StateStorage(model.config, 8, device, running=True)
+    kv = KVStorage(model.config, 1024, spec.PAGE, device)
     tables = [[1 + b + 6 * i for i in range(-(-(length + steps) // spec.PAGE))] for b, length in enumerate(spec.LENGTHS)]
     spec._prefill(model, states, kv, tables, torch.Generator().manual_seed(5))
     width = max(map(len, tables))
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device="cuda")
-    graphed = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
+    graphed = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
     eager = Pools(*(t.clone() for t in graphed))
     fused = DecodeModel(model)
     runner = DecodeGraphs(fused, graphed, states.next_token)
@@ -52,3 +53,7 @@ def test_graph_replays_give_the_eager_steps_bits():
     assert (runner.captures, runner.replays) == (1, steps - 1)
     for name, a, b in zip(Pools._fields, graphed, eager):
         assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink: what lands there is nobody's
+
+
+def test_the_running_copy_gives_the_replays_bits_on_the_gpu():
+    spec.check_running_copy(build_builtin("tiny-random").cuda(), CudaDevice(), steps=4)

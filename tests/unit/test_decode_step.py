@@ -43,7 +43,7 @@ def build(model, device):
     page_table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
     tokens = torch.randint(0, model.config.vocab_size, (len(LENGTHS),), generator=rng).to(dev)
     pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
-    before = [t.clone() for t in pools]
+    before = [t.clone() for t in pools[:5]]
     fused = DecodeModel(model)
     alone = decode_step(fused, Pools(*(t.clone() for t in before)), tokens[ALONE : ALONE + 1], [SLOTS[ALONE]],
                         [LENGTHS[ALONE]], page_table[ALONE : ALONE + 1, : len(tables[ALONE])].contiguous())
@@ -97,6 +97,44 @@ def test_a_sequence_gets_the_same_bits_alone_as_in_a_batch(setup):
     of one) gets bit for bit the logits it gets next to five others."""
     _, _, _, _, logits, _, alone = setup
     assert torch.equal(alone[0], logits[ALONE])
+
+
+def check_running_copy(model, device, steps: int = 2) -> None:
+    """``steps`` decode steps on pools with the running copy against the same steps replaying every time:
+    the same logits and pools bit for bit; the memo counts the rows it follows (-1 once a chunk completes);
+    any other write to a slot drops its memo."""
+    states = StateStorage(model.config, 8, device, running=True)
+    kv = KVStorage(model.config, 512, PAGE, device)
+    tables = [[1 + b + 6 * i for i in range(-(-(length + steps) // PAGE))] for b, length in enumerate(LENGTHS)]
+    _prefill(model, states, kv, tables, torch.Generator().manual_seed(5))
+    dev = states.conv.device
+    width = max(map(len, tables))
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
+    running = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
+    replaying = Pools(*(t.clone() for t in running[:5]))
+    assert (states.run_rows == -1).all(), "a prefilled slot has no memo"
+    fused, gen = DecodeModel(model), torch.Generator().manual_seed(9)
+    for step in range(steps):
+        positions = [length + step for length in LENGTHS]
+        tokens = torch.randint(0, model.config.vocab_size, (len(SLOTS),), generator=gen).to(dev)
+        want = decode_step(fused, replaying, tokens, list(SLOTS), positions, table)
+        got = decode_step(fused, running, tokens, list(SLOTS), positions, table)
+        assert torch.equal(got, want), f"step {step}"
+    for name, a, b in zip(Pools._fields, running[:5], replaying):
+        assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink
+    for slot, length in zip(SLOTS, LENGTHS):
+        end = length + steps  # the memo follows the rows since the boundary unless the last step completed it
+        expect = -1 if end % 64 == 0 else end % 64
+        assert (states.run_rows[slot] == expect).all(), (slot, states.run_rows[slot].tolist(), expect)
+    live = SLOTS[0]
+    states.copy_slot(SLOTS[1], live, LENGTHS[0] + steps)
+    assert (states.run_rows[SLOTS[1]] == -1).all() and (states.run_rows[live] > 0).all()
+    states.clear_slot(live)
+    assert (states.run_rows[live] == -1).all()
+
+
+def test_the_running_copy_gives_the_replays_bits(tiny_model):
+    check_running_copy(tiny_model, SimDevice())
 
 
 def test_bad_slots_are_refused(tiny_model):

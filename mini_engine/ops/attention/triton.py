@@ -12,12 +12,13 @@ through the page table, so prefill and decode see the same rows:
 - ``paged_prefill_attention``: each sequence's ``n_q`` new queries are its last ``n_q`` positions
   (a cached prefix of ``seq_lens[b] - n_q`` keys, then its own); causal; GQA (query head ``h``
   reads kv head ``h // (Hq // Hkv)``).
-- ``paged_decode_attention``: one query per sequence at position ``seq_lens[b] - 1``, the query
-  heads of one kv head sharing each key tile; split over the keys (flash decoding) in chunks of
-  ``keys_per_split`` positions, merged by log-sum-exp in a second launch.
+- ``paged_decode_attention``: one query per sequence at position ``seq_lens[b] - 1``, one program
+  per query head, its scores and output as matrix-vector sums over key tiles of ``DECODE_BLOCK_K``;
+  split over the keys (flash decoding) in chunks of ``keys_per_split`` positions, merged by
+  log-sum-exp in a second launch.
 
-Both keep an fp32 online softmax over key tiles of ``BLOCK_N`` positions from position 0, in the
-reference's order of operations. A split's boundaries are absolute positions (multiples of
+Both keep an fp32 online softmax over key tiles from position 0 (prefill: ``BLOCK_N``, in the
+reference's order of operations). A split's boundaries are absolute positions (multiples of
 ``keys_per_split``), so a row's result depends on its sequence only, never on the batch.
 """
 
@@ -31,6 +32,7 @@ __all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv_pages"
 
 BLOCK_N = 64  # keys per tile: the reference's TILE
 DEFAULT_KEYS_PER_SPLIT = 256
+DECODE_BLOCK_K = 32  # keys per decode tile: [32, D] of k and of v per step, no spill at D = 256 in fp32
 
 
 @triton.jit
@@ -106,36 +108,45 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, table_ptr, cu_q_ptr, lens_ptr, out_ptr,
 def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, scale, head_dim,
                    stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                    stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                   KEYS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr,
-                   PAGE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """The GROUP query heads of one kv head of one sequence, over one split of its keys."""
-    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                   KEYS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One query head of one sequence over one split of its keys, in tiles of BLOCK_K keys.
+
+    A single query row is a matrix-vector product: the scores are a row-wise sum of ``k * q`` and the
+    output a column-wise sum of ``p * v`` on the CUDA cores (a tensor-core dot would pad the one row
+    to 16 and, in fp32, spill its tiles)."""
+    seq, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_keys = tl.load(lens_ptr + seq)
     key_lo = split * KEYS_PER_SPLIT
     key_hi = tl.minimum(n_keys, key_lo + KEYS_PER_SPLIT)
-    g = tl.arange(0, BLOCK_G)
-    g_ok = g < GROUP
-    head = kv_head * GROUP + g
+    kv_head = head // GROUP
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    mask = g_ok[:, None] & d_ok[None, :]
     seq64 = seq.to(tl.int64)
-    q = tl.load(q_ptr + seq64 * stride_qb + head[:, None] * stride_qh + d[None, :], mask=mask, other=0.0)
-    query_pos = tl.zeros([BLOCK_G], dtype=tl.int32) + n_keys - 1
-    acc, running_max, denom = _attend(q, k_ptr, v_ptr, table_ptr + seq64 * stride_tb, kv_head, key_lo, key_hi,
-                                      n_keys, query_pos, scale, d, d_ok,
-                                      stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                                      PAGE, BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION)
-    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]  # an empty split (past the end) is all zeros
+    table_row = table_ptr + seq64 * stride_tb
+    q = tl.load(q_ptr + seq64 * stride_qb + head * stride_qh + d, mask=d_ok, other=0.0).to(tl.float32) * scale
+    running_max = tl.full([], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for first in range(key_lo, key_hi, BLOCK_K):
+        pos = first + tl.arange(0, BLOCK_K)
+        pos_ok = pos < key_hi
+        k = _key_tile(k_ptr, table_row, pos, pos_ok, kv_head, d, d_ok, stride_kp, stride_ks, stride_kh, PAGE)
+        scores = tl.where(pos_ok, tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 0))  # finite: the tile holds key ``first``
+        rescale = tl.exp(running_max - new_max)
+        probs = tl.exp(scores - new_max)
+        denom = denom * rescale + tl.sum(probs, 0)
+        v = _key_tile(v_ptr, table_row, pos, pos_ok, kv_head, d, d_ok, stride_vp, stride_vs, stride_vh, PAGE)
+        acc = acc * rescale + tl.sum(probs[:, None] * v.to(tl.float32), 0)
+        running_max = new_max
+    out = acc / tl.where(denom > 0, denom, 1.0)  # an empty split (past the end) is all zeros
     if SPLIT:
-        tl.store(part_ptr + seq64 * stride_pb + head[:, None] * stride_ph + split * stride_ps + d[None, :], out,
-                 mask=mask)
+        tl.store(part_ptr + seq64 * stride_pb + head * stride_ph + split * stride_ps + d, out, mask=d_ok)
         lse = tl.where(denom > 0, running_max + tl.log(tl.where(denom > 0, denom, 1.0)), float("-inf"))
-        tl.store(lse_ptr + seq64 * stride_lb + head * stride_lh + split, lse, mask=g_ok)
+        tl.store(lse_ptr + seq64 * stride_lb + head * stride_lh + split, lse)
     else:
-        tl.store(out_ptr + seq64 * stride_ob + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + seq64 * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit
@@ -295,13 +306,12 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     part = q.new_empty((batch, hq, n_splits, head_dim), dtype=torch.float32) if split else out
     lse = q.new_empty((batch, hq, n_splits), dtype=torch.float32) if split else out
     block_d = max(16, triton.next_power_of_2(head_dim))
-    _decode_kernel[(batch, k_cache.shape[2], n_splits)](
+    _decode_kernel[(batch, hq, n_splits)](
         q, k_cache, v_cache, page_table, seq_lens.to(q.device), out, part, lse, scale, head_dim,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         out.stride(0), out.stride(1), *part.stride()[:3], *lse.stride()[:2],
-        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-        DOT_PRECISION=_dot_precision(q.dtype), **_tuning(block_d, k_cache.element_size()))
+        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, BLOCK_K=DECODE_BLOCK_K,
+        BLOCK_D=block_d, num_warps=4, num_stages=2)
     if split:
         _merge_splits_kernel[(batch, hq)](
             part, lse, out, n_splits, head_dim, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),

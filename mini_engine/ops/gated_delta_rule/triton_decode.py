@@ -6,7 +6,8 @@
 - ``pending_replay_decode_triton``: the same on chunk-exact slots (``mini_engine.model.state``): the
   slot keeps the state at its last 64-boundary and the prepared rows since; the program replays those
   rows and the new one from the boundary state, and writes the state back only when the token
-  completes the chunk.
+  completes the chunk; with a running copy of the state beside the slot, a step that follows a step
+  starts from that copy instead (one row instead of up to 64, the same bits).
 
 Held to ``reference.py`` like the prefill kernels in ``triton.py``, whose launch configuration and
 argument checks they share.
@@ -57,26 +58,41 @@ def _delta_step(state, row, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K: tl.const
 
 
 @triton.jit
-def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, slots, rows, out, scale,
-                           HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
-                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, run, run_slot_stride,
+                           run_rows, run_rows_stride, slots, rows, out, scale, HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
+                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_RUN: tl.constexpr):
     vt, b, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     hk = h // (HV // HK)
     kk = tl.arange(0, K)
     cols = vt * BV + tl.arange(0, BV)
     slot = tl.load(slots + b).to(tl.int64)
     n_pending = tl.load(rows + b)
-    tile = rec + slot * rec_slot_stride + h * (K * V) + kk[:, None] * V + cols[None, :]
-    state = tl.load(tile).to(tl.float32)
+    offsets = h * (K * V) + kk[:, None] * V + cols[None, :]
+    tile = rec + slot * rec_slot_stride + offsets
+    if HAS_RUN:  # the state after the slot's pending rows, if the last step on this slot left it there
+        run_tile = run + slot * run_slot_stride + offsets
+        running = tl.load(run_rows + slot * run_rows_stride) == n_pending
+        first = tl.where(running, n_pending, 0)
+        state = tl.load(tl.where(running, run_tile, tile)).to(tl.float32)
+    else:
+        first = n_pending * 0
+        state = tl.load(tile).to(tl.float32)
     base = pending + slot * pending_slot_stride
-    for j in range(0, n_pending):
-        state = _delta_step(state, base + j * ROW_WIDTH, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K, V)
     row = new_rows + b * ROW_WIDTH
-    state = _delta_step(state, row, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K, V)
+    # one loop body for every row, the new one included: a state from the running copy and one replayed
+    # from the boundary went through the same instructions, so they are the same bits
+    for j in range(first, n_pending + 1):
+        state = _delta_step(state, tl.where(j < n_pending, base + j * ROW_WIDTH, row), hk, h, kk, cols,
+                            KEY_DIM, VALUE_DIM, HV, K, V)
     q_t = tl.load(row + hk * K + kk).to(tl.float32) * scale
     tl.store(out + (b * HV + h) * V + cols, tl.sum(state * q_t[:, None], axis=0).to(out.dtype.element_ty))
     if n_pending == 63:  # the token completes its chunk: the slot now keeps the state at the boundary
         tl.store(tile, state.to(rec.dtype.element_ty))
+        if HAS_RUN:
+            tl.store(run_rows + slot * run_rows_stride, -1)
+    elif HAS_RUN:
+        tl.store(run_tile, state.to(run.dtype.element_ty))
+        tl.store(run_rows + slot * run_rows_stride, n_pending + 1)
 
 
 def fused_recurrent_gated_delta_rule_triton(
@@ -112,8 +128,8 @@ def fused_recurrent_gated_delta_rule_triton(
 
 
 def pending_replay_decode_triton(
-    *, new_rows, pending_pool, rec_pool, slots, rows, heads: tuple[int, int], scale: float | None = None,
-    config: LaunchConfig | None = None,
+    *, new_rows, pending_pool, rec_pool, slots, rows, heads: tuple[int, int], run_pool=None, run_rows=None,
+    scale: float | None = None, config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """One decode step on chunk-exact slots (``mini_engine.model.state``): returns the output [B, Hv, V].
 
@@ -126,6 +142,13 @@ def pending_replay_decode_triton(
     completes the chunk (``rows[b] == 63``), writes the state at the new boundary into the slot's
     ``rec_pool`` row. The pending rows are only read: appending the new row is the caller's.
     ``heads`` = (Hk, Hv); K = V = the head sizes implied by ``width`` and the pools.
+
+    With ``run_pool`` [slots, Hv, K, V] and ``run_rows`` [slots] int32 (the running copy): a step that
+    does not complete its chunk also leaves the state after its token in the slot's ``run_pool`` row
+    and ``rows[b] + 1`` in ``run_rows``; a step whose ``run_rows`` equals its ``rows[b]`` starts from
+    that state instead of replaying, any other value (-1: whoever last wrote the slot) replays. Both
+    paths give the same bits, so a stale count costs a replay and never a wrong state; a slot written
+    by anything else must have its ``run_rows`` set to -1 (``StateStorage`` does).
     """
     hk, hv = heads
     n_seq, width = new_rows.shape
@@ -144,10 +167,20 @@ def pending_replay_decode_triton(
         raise ValueError(f"rows must be [{n_seq}]; got {tuple(rows.shape)}")
     scale = k_dim**-0.5 if scale is None else scale
     config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
+    has_run = run_pool is not None
+    if has_run != (run_rows is not None):
+        raise ValueError("run_pool and run_rows go together: pass both or neither")
+    if has_run and (run_pool.shape != rec_pool.shape or run_pool.stride()[1:] != rec_pool.stride()[1:]
+                    or run_rows.dim() != 1 or run_rows.shape[0] != rec_pool.shape[0] or run_rows.dtype != torch.int32):
+        raise ValueError(f"run_pool must be laid out as rec_pool {tuple(rec_pool.shape)} and run_rows int32 "
+                         f"[{rec_pool.shape[0]}]; got {tuple(run_pool.shape)}, strides {run_pool.stride()}, "
+                         f"{run_rows.dtype} {tuple(run_rows.shape)}")
     out = new_rows.new_empty(n_seq, hv, v_dim)
     if n_seq:
         _pending_replay_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
-            new_rows, pending_pool, pending_pool.stride(0), rec_pool, rec_pool.stride(0), slots, rows, out, scale,
-            hk, hv, hk * k_dim, hv * v_dim, width, K=k_dim, V=v_dim, BV=config.block_v,
+            new_rows, pending_pool, pending_pool.stride(0), rec_pool, rec_pool.stride(0),
+            run_pool if has_run else rec_pool, run_pool.stride(0) if has_run else 0,
+            run_rows if has_run else rows, run_rows.stride(0) if has_run else 0, slots, rows, out, scale,
+            hk, hv, hk * k_dim, hv * v_dim, width, K=k_dim, V=v_dim, BV=config.block_v, HAS_RUN=has_run,
             num_warps=config.num_warps, num_stages=config.num_stages)
     return out
