@@ -38,6 +38,7 @@ MODES = {
     "transfer, no overlap": dict(donate_policy="transfer"),
     "cache off": dict(enable_cache=False),
     "copy, ledger": {LEDGER: True},
+    "copy, overlap, ledger": {LEDGER: True, "overlap": True},
     "copy, ledger + refs": {LEDGER: True, "reference_states": True},
 }
 

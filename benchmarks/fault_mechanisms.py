@@ -11,7 +11,12 @@ each) on ``--device`` and counts, per cell, over the hammer and control engines:
 - decode steps whose page table as the kernel read it differs from the one staged for it: the stale
   resident metadata of ``metadata_fence=off``.
 
-Usage: ``python benchmarks/fault_mechanisms.py [--device sim|cuda] [--requests 60] [--out FILE]``.
+On cuda, ``--device-seeds 0 1 2`` runs the matrix once per seed: 0 leaves the GPU its own timing,
+any other seed adds the stream-delay nemesis (``mini_engine.device.cuda``), which moves only *when*
+each stream reaches its ops, so an unfenced pair of ops on two streams meets in either order.
+
+Usage: ``python benchmarks/fault_mechanisms.py [--device sim|cuda] [--requests 60] [--device-seeds 0 1]
+[--out FILE]``.
 """
 
 from __future__ import annotations
@@ -49,18 +54,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("sim", "cuda"), default="sim")
     parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--device-seeds", type=int, nargs="+", default=[0],
+                        help="one matrix per seed (on cuda, 0: the GPU's own timing; others: the stream-delay nemesis)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as folder:
-        matrix = json.loads(run_matrix(select(CELLS), folder, requests=args.requests, device=args.device,
-                                       echo=lambda _line: None).read_text())
-        rows = [{"cell": cell["name"], "seconds": cell["seconds"],
-                 **mechanism_counts(Path(cell["run"]) / "ledger.jsonl")} for cell in matrix["cells"]]
-    print(f"device {args.device}, {args.requests} hammer requests per cell (and their controls)")
-    print(f"{'cell':<20}{'restores':>9}{'changed after donation':>24}{'decode steps':>14}{'stale metadata':>16}")
+    rows = []
+    for device_seed in args.device_seeds:
+        with tempfile.TemporaryDirectory() as folder:
+            matrix = json.loads(run_matrix(select(CELLS), folder, requests=args.requests, device=args.device,
+                                           device_seed=device_seed, echo=lambda _line: None).read_text())
+            rows += [{"cell": cell["name"], "device_seed": device_seed, "seconds": cell["seconds"],
+                      "exit_code": cell["exit_code"], **mechanism_counts(Path(cell["run"]) / "ledger.jsonl")}
+                     for cell in matrix["cells"]]
+    print(f"device {args.device}, {args.requests} hammer requests per cell (and their controls); "
+          f"hammer exit 1 = corruption found")
+    print(f"{'cell':<20}{'seed':>5}{'restores':>9}{'changed after donation':>24}{'decode steps':>14}"
+          f"{'stale metadata':>16}{'exit':>6}")
     for r in rows:
-        print(f"{r['cell']:<20}{r['restores']:>9}{r['restores_changed_after_donation']:>24}"
-              f"{r['decode_steps']:>14}{r['decode_steps_stale']:>16}")
+        print(f"{r['cell']:<20}{r['device_seed']:>5}{r['restores']:>9}{r['restores_changed_after_donation']:>24}"
+              f"{r['decode_steps']:>14}{r['decode_steps_stale']:>16}{r['exit_code']:>6}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": args.device, "requests": args.requests, "cells": rows}, f, indent=2)

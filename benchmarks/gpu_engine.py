@@ -17,9 +17,10 @@ device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints 
 The engine runs once per ``--variants``, side by side: ``graphs`` (decode steps through
 ``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size: the
 default engine), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.dtype``),
+``graphs-bf16-tgemm`` (and the projections through the decode-rows gemm: ``EngineConfig.decode_gemm``),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
-tables of one run at the largest batch per variant (where a step's time goes).
+tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes).
 
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
 [--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--profile FILE] [--out FILE]``.
@@ -61,6 +62,8 @@ def prompts(batch: int, length: int) -> list[list[int]]:
 
 VARIANTS = {"graphs": {"decode_kernels": "triton", "cuda_graphs": True},
             "graphs-bf16": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16"},
+            "graphs-bf16-tgemm": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
+                                  "decode_gemm": "triton"},
             "triton": {"decode_kernels": "triton", "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
 
@@ -134,7 +137,7 @@ def profile(model: HybridModel, args) -> None:
 
     with open(args.profile, "w") as f:
         for variant in args.variants:
-            batch = max(args.batches)
+            batch = args.profile_batch or max(args.batches)
             engine_decode(model, batch, args.prompt, args.short, variant)  # warm
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 seconds = engine_decode(model, batch, args.prompt, args.long, variant)["seconds"]
@@ -142,7 +145,7 @@ def profile(model: HybridModel, args) -> None:
             f.write(f"== {variant}, batch {batch}, prompt {args.prompt}, {args.long} new tokens: {seconds:.3f} s "
                     f"(under the profiler)\n")
             f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
-            f.write(averages.table(sort_by="self_cuda_time_total", row_limit=25) + "\n")
+            f.write(averages.table(sort_by="self_cuda_time_total", row_limit=30) + "\n")
 
 
 def main() -> None:
@@ -156,6 +159,7 @@ def main() -> None:
     parser.add_argument("--hf-dtype", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--profile", default=None,
                         help="write torch.profiler tables of a run at the largest batch here")
+    parser.add_argument("--profile-batch", type=int, default=None, help="the batch profiled (default: the largest)")
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

@@ -3,3 +3,7 @@
 # The Gated DeltaNet chunk length: prefill chunks, track snapshots and cache hits sit on multiples
 # of it, and KV page sizes must divide it.
 SNAPSHOT_ALIGN = 64
+
+# The Triton decode step's projections with 16-bit weights: "cublas" (``inv.linear``, 64-row tiles) or
+# "triton" (``decode_rows.linear``: 16-row tiles over more column blocks, tiles past the batch skipped).
+DECODE_GEMMS = ("cublas", "triton")

@@ -5,9 +5,10 @@
 #
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
 #   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda, then
-#              benchmarks/fault_mechanisms.py --device cuda
+#              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
 #   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
-#              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs off)
+#              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
+#              off, the ledger on)
 #   kernels    benchmarks/gdn_kernels.py and benchmarks/small_kernels.py
 #
 # Runs from a plain checkout (PYTHONPATH, no install: the GPU machine has torch, triton, transformers
@@ -41,12 +42,12 @@ case "$part" in
         step 90 invariance python3 benchmarks/gpu_invariance.py --out "$out/gpu_invariance.json"
         step 120 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 \
             --out "$out/hit_divergence_cuda.json"
-        step 400 mechanisms python3 benchmarks/fault_mechanisms.py --device cuda --requests 24 \
+        step 400 mechanisms python3 benchmarks/fault_mechanisms.py --device cuda --requests 24 --device-seeds 0 1 2 \
             --out "$out/fault_mechanisms_cuda.json" ;;
     engine)
         step 300 gpu_engine python3 benchmarks/gpu_engine.py --variants graphs graphs-bf16 --out "$out/gpu_engine.json"
         step 240 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" \
+            --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json" ;;
     kernels)
         step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"  # fla: carry fla-core

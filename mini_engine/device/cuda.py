@@ -4,10 +4,19 @@ Kernels run their ``fn`` at once under the stream's context, so the GPU orders t
 sim would have to: by stream order and recorded events only. Device tensors shared across streams
 are allocated up front by the engine (pools), so the caching allocator never recycles memory that
 another stream still reads.
+
+``seed`` 0 leaves the GPU its own timing. Any other seed adds a nemesis, the real-streams analogue
+of the sim's seeded scheduler: before an op, with probability one half, the stream it goes on first
+runs a spin kernel of a seeded length (up to ``max_delay_us``), as if that stream were busy with
+other work (a copy stream behind bulk transfers, a compute stream behind a long kernel). Only *when*
+each stream gets to its ops changes; what they compute and the order the program asked for stay, so
+a correct program gives the same bits under any seed, and an unordered pair of ops on two streams
+meets in either order.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import torch
@@ -16,15 +25,23 @@ from mini_engine.device.base import Device, DeviceError, Event, OpRecord, Stream
 
 __all__ = ["CudaDevice"]
 
+_CYCLES_PER_US = 1980  # torch.cuda._sleep counts SM clock ticks: the H100/H200 boost clock (elsewhere delays scale)
+
 
 class CudaDevice(Device):
     name = "cuda"
 
-    def __init__(self, index: int = 0) -> None:
+    def __init__(self, index: int = 0, *, seed: int = 0, max_delay_us: float = 500.0) -> None:
         super().__init__()
         if not torch.cuda.is_available():
             raise DeviceError("the cuda device needs a CUDA build of torch and a GPU; use device='sim' on CPU")
+        if max_delay_us < 0:
+            raise ValueError(f"max_delay_us must be >= 0; got {max_delay_us}")
         self.torch_device = torch.device("cuda", index)
+        self.seed = seed
+        self._rng = random.Random(seed) if seed else None
+        self._max_delay_cycles = int(max_delay_us * _CYCLES_PER_US)
+        self.delays = 0  # spin kernels the nemesis queued
         self._streams: dict[str, tuple[Stream, torch.cuda.Stream]] = {}
         self._events: dict[int, torch.cuda.Event] = {}
         self._seq = 0
@@ -55,13 +72,21 @@ class CudaDevice(Device):
 
     def launch(self, stream: Stream, fn: Callable[[], None], *, label: str) -> None:
         with torch.cuda.stream(self._handle(stream)):
+            self._delay()
             fn()
         self._issued(stream, label, "kernel")
 
     def copy(self, stream: Stream, dst: torch.Tensor, src: torch.Tensor, *, label: str) -> None:
         with torch.cuda.stream(self._handle(stream)):
+            self._delay()
             dst.copy_(src, non_blocking=True)
         self._issued(stream, label, "copy")
+
+    def _delay(self) -> None:
+        """The nemesis (seed != 0): a seeded spin on the current stream, half the time."""
+        if self._rng is not None and self._max_delay_cycles and self._rng.random() < 0.5:
+            torch.cuda._sleep(self._rng.randrange(self._max_delay_cycles))
+            self.delays += 1
 
     def readback(self, stream: Stream, src: torch.Tensor, *, label: str) -> torch.Tensor:
         handle = self._handle(stream)

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mini_engine.constants import SNAPSHOT_ALIGN
+from mini_engine.constants import DECODE_GEMMS, SNAPSHOT_ALIGN
 from mini_engine.faults import parse_faults
 
 __all__ = ["DECODE_KERNELS", "DONATE_POLICIES", "DTYPES", "EngineConfig"]
@@ -41,6 +41,7 @@ class EngineConfig:
     # TRITON_INTERPRET=1), "auto": triton on cuda, reference on the sim.
     decode_kernels: str = "auto"
     cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
+    decode_gemm: str = "cublas"  # the triton decode's 16-bit projections (constants.DECODE_GEMMS)
     # The projections' weights (linear layers, embedding, head) and gemm inputs; the residual stream,
     # norms, gates, recurrent states and KV stay float32. "bfloat16" halves the bytes a decode step reads.
     dtype: str = "float32"
@@ -75,6 +76,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.device must be 'sim' or 'cuda'; got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
+        if self.decode_gemm not in DECODE_GEMMS:
+            raise ValueError(f"EngineConfig.decode_gemm={self.decode_gemm!r}; allowed: {DECODE_GEMMS}")
         if self.decode_kernels not in DECODE_KERNELS:
             raise ValueError(f"EngineConfig.decode_kernels={self.decode_kernels!r}; allowed: {DECODE_KERNELS}")
         if self.decode_path == "triton" and self.device == "sim" and os.environ.get("TRITON_INTERPRET") != "1":

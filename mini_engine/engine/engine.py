@@ -100,7 +100,8 @@ class Engine:
         self.runner = ModelRunner(self.model, self.states, self.kv, self.device, self.compute, self.metadata,
                                   self.fences, instrumentation=self.events,
                                   track_writer="track_writer=off" not in config.faults,
-                                  decode_path=config.decode_path, cuda_graphs=config.cuda_graphs)
+                                  decode_path=config.decode_path, cuda_graphs=config.cuda_graphs,
+                                  decode_gemm=config.decode_gemm)
         self.requests: dict[str, Request] = {}
         self.steps = 0
         self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)

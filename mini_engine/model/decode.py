@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import torch
 
+from mini_engine.constants import DECODE_GEMMS
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
 from mini_engine.ops.decode_rows import triton as row_ops
@@ -95,10 +96,20 @@ class DecodeModel:
     weight (one gemm instead of four), next to the model's own modules for everything else. The fused
     weights are copies (the model stays as it was), in the model's weight dtype and on its device."""
 
-    def __init__(self, model) -> None:
-        self.model = model
+    def __init__(self, model, *, gemm: str = "cublas") -> None:
+        if gemm not in DECODE_GEMMS:
+            raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
+        self.model, self.gemm = model, gemm
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+        """A projection of the step's padded rows (``rows`` live): ``inv.linear`` (cuBLAS in 64-row tiles), or
+        with ``gemm="triton"`` and a 16-bit weight the decode-rows gemm (16-row tiles, tiles past the batch
+        skipped). Either way a row's bits do not depend on the batch."""
+        if self.gemm == "triton" and weight.dtype in (torch.float16, torch.bfloat16):
+            return row_ops.linear(x, weight, rows=rows)
+        return inv.linear(x, weight)
 
 
 def _fuse(layer) -> _LayerWeights:
@@ -151,18 +162,18 @@ def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
         h = row_ops.add_rms_norm(x=x, delta=delta, weight=layer.input_layernorm.weight, eps=layer.input_layernorm.eps,
                               out_dtype=weights.in_proj.dtype)
         if layer.layer_type == LINEAR:
-            delta = _linear_attention(layer.linear_attn, weights.in_proj, h, pools, lin, step, n)
+            delta = _linear_attention(dm, layer.linear_attn, weights.in_proj, h, pools, lin, step, n)
             lin += 1
         else:
-            delta = _full_attention(layer.self_attn, weights.in_proj, h, pools, full, step, page_table, n)
+            delta = _full_attention(dm, layer.self_attn, weights.in_proj, h, pools, full, step, page_table, n)
             full += 1
         norm = layer.post_attention_layernorm
         h = row_ops.add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=weights.gate_up.dtype)
-        act = row_ops.silu_mul(gate_up=inv.linear(h, weights.gate_up), out_dtype=layer.mlp.down_proj.weight.dtype)
-        delta = inv.linear(act, layer.mlp.down_proj.weight)
+        act = row_ops.silu_mul(gate_up=dm.linear(h, weights.gate_up, n), out_dtype=layer.mlp.down_proj.weight.dtype)
+        delta = dm.linear(act, layer.mlp.down_proj.weight, n)
     head = model.head_weight
     h = row_ops.add_rms_norm(x=x, delta=delta, weight=model.model.norm.weight, eps=dm.norm_eps, out_dtype=head.dtype)
-    return inv.linear(h, head)[:n].float()
+    return dm.linear(h, head, n)[:n].float()
 
 
 class DecodeGraphs:
@@ -212,12 +223,13 @@ class DecodeGraphs:
         return logits
 
 
-def _linear_attention(gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int, step: _Step,
+def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
+                      step: _Step,
                       n: int) -> torch.Tensor:
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.gated_delta_rule.triton_decode import pending_replay_decode_triton
 
-    proj = inv.linear(h, in_proj)  # [P, qkv | z | b | a]
+    proj = dm.linear(h, in_proj, n)  # [P, qkv | z | b | a]
     conv_dim = 2 * gdn.key_dim + gdn.value_dim
     z, b, a = proj[:, conv_dim:].split([gdn.value_dim, gdn.hv, gdn.hv], dim=-1)
     conv = causal_conv1d_update(x=proj[:n, :conv_dim], weight=gdn.conv1d.weight[:, 0], conv_pool=pools.conv[:, layer],
@@ -233,14 +245,15 @@ def _linear_attention(gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools,
                                         slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv), **running)
     gated = row_ops.gated_rms_norm(core=core, z=z, weight=gdn.norm.weight, eps=gdn.norm.eps, rows=h.shape[0],
                                 out_dtype=gdn.out_proj.weight.dtype)
-    return inv.linear(gated, gdn.out_proj.weight)
+    return dm.linear(gated, gdn.out_proj.weight, n)
 
 
-def _full_attention(attn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int, step: _Step,
+def _full_attention(dm: DecodeModel, attn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
+                    step: _Step,
                     page_table: torch.Tensor, n: int) -> torch.Tensor:
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
 
-    qkv = inv.linear(h, in_proj)  # [P, q and gates | k | v]
+    qkv = dm.linear(h, in_proj, n)  # [P, q and gates | k | v]
     q, k, v = row_ops.qk_norm_rope(qkv=qkv, batch=n, positions=step.positions, q_weight=attn.q_norm.weight,
                                 k_weight=attn.k_norm.weight, inv_freq=attn.rotary.frequencies(qkv.device),
                                 eps=attn.q_norm.eps, heads=(attn.hq, attn.hkv), head_dim=attn.d)
@@ -252,4 +265,4 @@ def _full_attention(attn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, 
     out = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens)
     gated = row_ops.sigmoid_mul(attn=out, qkv=qkv, heads=attn.hq, head_dim=attn.d, rows=h.shape[0],
                              out_dtype=attn.o_proj.weight.dtype)
-    return inv.linear(gated, attn.o_proj.weight)
+    return dm.linear(gated, attn.o_proj.weight, n)

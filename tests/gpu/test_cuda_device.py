@@ -33,3 +33,31 @@ def test_readback_and_events():
     assert device.readback(stream, x, label="x").tolist() == [3.0] * 4
     device.synchronize()
     assert device.is_complete(done)
+
+
+def test_the_nemesis_delays_streams_but_keeps_ordered_results():
+    """A seeded device queues spin kernels before some ops; the barrier still orders the upload before the
+    read (the same bits as without it), and an unfenced read on the other stream, racing a delayed upload,
+    sees the previous contents at least once in 20 tries."""
+    device = make_device("cuda", seed=11)
+    copy, compute = device.stream("copy"), device.stream("compute")
+    staged = torch.arange(1 << 16, dtype=torch.float32).pin_memory()
+    resident, seen = device.zeros(1 << 16), device.zeros(1 << 16)
+    stale = 0
+    for _ in range(20):
+        device.copy(copy, resident, staged, label="upload")
+        uploaded = device.new_event()
+        device.record(uploaded, copy)
+        device.wait_event(compute, uploaded)
+        device.launch(compute, lambda: seen.copy_(resident), label="read")
+        assert torch.equal(device.readback(compute, seen, label="seen"), staged)
+        device.synchronize()
+        resident.zero_()
+        device.synchronize()
+        device.copy(copy, resident, staged, label="upload, unfenced")
+        device.launch(compute, lambda: seen.copy_(resident), label="read, unfenced")
+        stale += not torch.equal(device.readback(compute, seen, label="seen"), staged)
+        device.synchronize()
+        resident.zero_()
+    assert device.delays > 0
+    assert stale > 0, "the nemesis never let the unfenced read run before its upload"

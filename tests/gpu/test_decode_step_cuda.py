@@ -57,3 +57,17 @@ def test_graph_replays_give_the_eager_steps_bits():
 
 def test_the_running_copy_gives_the_replays_bits_on_the_gpu():
     spec.check_running_copy(build_builtin("tiny-random").cuda(), CudaDevice(), steps=4)
+
+
+def test_the_triton_gemm_matches_cublas_and_keeps_a_rows_bits():
+    """bfloat16 projections through ``decode_rows.linear`` (``DecodeModel(gemm="triton")``): the step's logits
+    within bf16 rounding of the cuBLAS step's, and a sequence's bits the same alone as in the batch."""
+    import torch
+
+    from tests.unit.kernel_support import relative_error
+
+    model = build_builtin("tiny-random").cuda().cast_projections(torch.bfloat16)
+    cublas = spec.build(model, CudaDevice())
+    triton = spec.build(model, CudaDevice(), gemm="triton")
+    assert relative_error(triton[4], cublas[4]) <= 2e-2
+    assert torch.equal(triton[6][0], triton[4][spec.ALONE])

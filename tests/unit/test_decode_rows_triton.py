@@ -104,3 +104,30 @@ def test_bad_shapes_are_refused():
         kernels.qk_norm_rope(qkv=torch.zeros(2, 10), batch=2, positions=torch.zeros(2, dtype=torch.long),
                              q_weight=torch.zeros(4), k_weight=torch.zeros(4), inv_freq=torch.ones(1), eps=1e-6,
                              heads=(1, 1), head_dim=4)
+
+
+@pytest.mark.parametrize("n_out, n_in", [(100, 48), (40, 256), (4200, 32)])
+def test_linear_rows(n_out, n_in):
+    """The decode gemm (fp16) against the float32 product: odd widths, one and two column blocks of the widest
+    size, rows past the batch zero (also in a live 16-row tile), and a row's bits the same alone as in the batch."""
+    gen = torch.Generator().manual_seed(7)
+    weight = randn(n_out, n_in, gen=gen, dtype=torch.float16)
+    x = torch.zeros(48, n_in, dtype=torch.float16)
+    x[:BATCH] = randn(BATCH, n_in, gen=gen, dtype=torch.float16)
+    got = kernels.linear(x, weight, rows=BATCH)
+    want = (x[:BATCH].float() @ weight.float().t()).half()
+    _close(got[:BATCH], want)
+    assert got.shape == (48, n_out) and not got[BATCH:].any()
+    alone = torch.zeros(16, n_in, dtype=torch.float16)
+    alone[0] = x[1]
+    assert torch.equal(kernels.linear(alone, weight, rows=1)[0], got[1])
+
+
+def test_linear_refuses_what_it_cannot_tile():
+    weight = torch.zeros(8, 32, dtype=torch.float16)
+    with pytest.raises(ValueError, match="16-bit weight"):
+        kernels.linear(torch.zeros(16, 32), weight.float(), rows=1)
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        kernels.linear(torch.zeros(8, 32, dtype=torch.float16), weight, rows=1)
+    with pytest.raises(ValueError, match="divisible by 16"):
+        kernels.linear(torch.zeros(16, 24, dtype=torch.float16), torch.zeros(8, 24, dtype=torch.float16), rows=1)

@@ -29,7 +29,7 @@ def _prefill(model, states, kv, tables, rng):
     return cold
 
 
-def build(model, device):
+def build(model, device, gemm: str = "cublas"):
     """Prefill every sequence with the model into pools on ``device``, then one ``decode_step`` for all, one
     for sequence ALONE on a copy of the pools, and the model's own decode step from the cold states."""
     rng = torch.Generator().manual_seed(5)
@@ -44,7 +44,7 @@ def build(model, device):
     tokens = torch.randint(0, model.config.vocab_size, (len(LENGTHS),), generator=rng).to(dev)
     pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values)
     before = [t.clone() for t in pools[:5]]
-    fused = DecodeModel(model)
+    fused = DecodeModel(model, gemm=gemm)
     alone = decode_step(fused, Pools(*(t.clone() for t in before)), tokens[ALONE : ALONE + 1], [SLOTS[ALONE]],
                         [LENGTHS[ALONE]], page_table[ALONE : ALONE + 1, : len(tables[ALONE])].contiguous())
     logits = decode_step(fused, pools, tokens, list(SLOTS), list(LENGTHS), page_table)
