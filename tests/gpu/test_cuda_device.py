@@ -5,21 +5,27 @@ import torch
 from mini_engine.device import make_device
 
 
+def _fenced_upload_and_read(device, staged: torch.Tensor, resident: torch.Tensor, seen: torch.Tensor) -> None:
+    """Upload on the copy stream, record, wait on the compute stream, read there: the read must see the upload."""
+    copy, compute = device.stream("copy"), device.stream("compute")
+    device.copy(copy, resident, staged, label="upload")
+    uploaded = device.new_event()
+    device.record(uploaded, copy)
+    device.wait_event(compute, uploaded)
+    device.launch(compute, lambda: seen.copy_(resident), label="read")
+    assert torch.equal(device.readback(compute, seen, label="seen"), staged)
+    device.synchronize()
+    resident.zero_()
+    device.synchronize()
+
+
 def test_barrier_orders_upload_before_kernel():
     """With a recorded event and a wait, a kernel on another stream always sees the uploaded value."""
     device = make_device("cuda")
-    copy, compute = device.stream("copy"), device.stream("compute")
     staged = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
     resident, seen = device.zeros(1 << 20), device.zeros(1 << 20)
     for _ in range(20):
-        device.copy(copy, resident, staged, label="upload")
-        uploaded = device.new_event()
-        device.record(uploaded, copy)
-        device.wait_event(compute, uploaded)
-        device.launch(compute, lambda: seen.copy_(resident), label="read")
-        assert torch.equal(device.readback(compute, seen, label="seen"), staged)
-        resident.zero_()
-        device.synchronize()
+        _fenced_upload_and_read(device, staged, resident, seen)
 
 
 def test_readback_and_events():
@@ -45,15 +51,7 @@ def test_the_nemesis_delays_streams_but_keeps_ordered_results():
     resident, seen = device.zeros(1 << 16), device.zeros(1 << 16)
     stale = 0
     for _ in range(20):
-        device.copy(copy, resident, staged, label="upload")
-        uploaded = device.new_event()
-        device.record(uploaded, copy)
-        device.wait_event(compute, uploaded)
-        device.launch(compute, lambda: seen.copy_(resident), label="read")
-        assert torch.equal(device.readback(compute, seen, label="seen"), staged)
-        device.synchronize()
-        resident.zero_()
-        device.synchronize()
+        _fenced_upload_and_read(device, staged, resident, seen)
         device.copy(copy, resident, staged, label="upload, unfenced")
         device.launch(compute, lambda: seen.copy_(resident), label="read, unfenced")
         stale += not torch.equal(device.readback(compute, seen, label="seen"), staged)
