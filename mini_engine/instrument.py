@@ -8,6 +8,12 @@ JSON-serialisable fields. Host-side events (``alloc``, ``free``, ``snapshot_trac
 ``metadata_readback``) are emitted by the op itself when it *runs*, with checksums of the bytes
 it wrote or read, so on the sim device ``seq`` is the order things really happened. With no sink,
 ``emit`` returns at once and callers guard expensive fields (checksums) with ``enabled``.
+
+On a GPU a checksum is a device value: reading it at once would stall the host on the stream for every
+slot event. There a device-side event carries ``Deferred`` fields (a checksum still being computed on
+its stream); the row keeps its ``seq`` and waits in a queue, and ``flush`` hands rows to the sink in
+``seq`` order once their values have landed, all of them read back in one copy. ``flush(wait=True)``
+waits for them (the engine does when it goes idle).
 """
 
 from __future__ import annotations
@@ -15,9 +21,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Instrumentation", "Sink"]
+__all__ = ["Deferred", "Instrumentation", "Sink"]
 
 Sink = Callable[[dict[str, Any]], None]
+
+
+class Deferred:
+    """A field whose value a device is still computing.
+
+    ``ready()``: whether it has landed (non-blocking). ``wait()``: block until it has.
+    ``resolve_all(values)``: the values, read back together (one copy for a batch of them).
+    """
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def resolve_all(cls, values: list[Deferred]) -> list[Any]:
+        raise NotImplementedError
 
 
 class Instrumentation:
@@ -25,12 +49,47 @@ class Instrumentation:
         self.sink = sink
         self.step = 0
         self._seq = 0
+        self._queue: list[dict[str, Any]] = []  # rows waiting for their own or an earlier row's device values
 
     @property
     def enabled(self) -> bool:
         return self.sink is not None
 
+    @property
+    def pending(self) -> int:
+        """Rows emitted but not yet handed to the sink (waiting for device values)."""
+        return len(self._queue)
+
     def emit(self, type_: str, **fields: Any) -> None:
-        if self.sink is not None:
-            self._seq += 1
-            self.sink({"type": type_, "step": self.step, "seq": self._seq, **fields})
+        if self.sink is None:
+            return
+        self._seq += 1
+        row = {"type": type_, "step": self.step, "seq": self._seq, **fields}
+        if self._queue or any(isinstance(v, Deferred) for v in fields.values()):
+            self._queue.append(row)  # behind a row that waits: the sink sees rows in seq order
+        else:
+            self.sink(row)
+
+    def flush(self, *, wait: bool = False) -> None:
+        """Hand the sink every queued row whose device values (and every earlier row's) have landed;
+        with ``wait``, all of them, blocking until they land."""
+        ready = 0
+        for row in self._queue:
+            values = [v for v in row.values() if isinstance(v, Deferred)]
+            if wait:
+                for v in values:
+                    v.wait()
+            elif not all(v.ready() for v in values):
+                break
+            ready += 1
+        rows, self._queue = self._queue[:ready], self._queue[ready:]
+        by_kind: dict[type, list[tuple[dict[str, Any], str]]] = {}
+        for row in rows:
+            for key, value in row.items():
+                if isinstance(value, Deferred):
+                    by_kind.setdefault(type(value), []).append((row, key))
+        for kind, places in by_kind.items():
+            for (row, key), value in zip(places, kind.resolve_all([row[key] for row, key in places])):
+                row[key] = value
+        for row in rows:
+            self.sink(row)

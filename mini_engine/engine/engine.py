@@ -196,6 +196,8 @@ class Engine:
             self._process(launched)
         self.device.progress()
         self.steps += 1
+        # ledger rows whose device checksums have landed; all of them once nothing is in flight
+        self.events.flush(wait=self.idle())
         if self.config.debug:
             self.check_integrity()
 
@@ -204,6 +206,7 @@ class Engine:
         for _ in range(max_steps):
             if self.idle():
                 self.check_integrity()  # cheap when idle, and the moment a leak would show
+                self.events.flush(wait=True)
                 return
             self.step()
         raise RuntimeError(f"engine still busy after {max_steps} steps")

@@ -24,6 +24,7 @@ from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops.checksum import slot_checksum
+from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, lanes_of, lanes_value
 
 __all__ = ["Batch", "BatchItem", "ModelRunner"]
 
@@ -141,7 +142,7 @@ class ModelRunner:
                 token = self._sample(out.logits[-1], it.request, it.start + it.length)
                 batch.sampled[i, 0] = token
                 if self.events.enabled:
-                    batch.sampled[i, 1] = slot_checksum(out.logits[-1]) & _CHECK_MASK
+                    batch.sampled[i, 1] = _logits_check(out.logits[-1])
                 self.states.next_token[it.live_slot] = token
             if self.events.enabled:
                 self._report_writes(batch.index, it, wrote_track, pages[i])
@@ -173,12 +174,14 @@ class ModelRunner:
                 live = it.live_slot
                 self._write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
             if self.events.enabled:
-                batch.sampled[indices[r], 1] = slot_checksum(logits[r]) & _CHECK_MASK
-                self._report_writes(batch.index, it, wrote_track, table[r].tolist())
+                batch.sampled[indices[r], 1] = _logits_check(logits[r])
+                self._report_writes(batch.index, it, wrote_track, table[r])
 
-    def _report_writes(self, batch: int, it: BatchItem, wrote_track: bool, pages_read: list[int]) -> None:
+    def _report_writes(self, batch: int, it: BatchItem, wrote_track: bool,
+                       pages_read: list[int] | torch.Tensor) -> None:
         """Device-side ledger rows: checksums of what this forward wrote, and of the page table a
-        decode step read against the one staged for it (the metadata a kernel really saw)."""
+        decode step read against the one staged for it (the metadata a kernel really saw). On CUDA the
+        checksums stay on the device until the ledger reads them (``ops.checksum.deferred``)."""
         end = it.start + it.length
         self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
                          position=end, checksum=self.states.checksum(it.live_slot, end))
@@ -187,9 +190,15 @@ class ModelRunner:
                              position=it.track.position, checksum=self.states.checksum(it.track.slot, it.track.position))
         if it.tokens is None:
             staged = torch.tensor(it.pages, dtype=torch.int32)
-            read = torch.tensor(pages_read[: len(it.pages)], dtype=torch.int32)
-            self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=slot_checksum(read),
-                             staged_checksum=slot_checksum(staged), match=bool(torch.equal(read, staged)))
+            read = torch.as_tensor(pages_read, dtype=torch.int32)[: len(it.pages)]
+            staged_checksum = slot_checksum(staged)
+            if read.is_cuda:  # match: the read table's digest is the staged one's
+                lanes = lanes_of(read)
+                read_checksum, match = DeviceDigest(lanes), DigestEquals(lanes, staged_checksum)
+            else:
+                read_checksum, match = slot_checksum(read), bool(torch.equal(read, staged))
+            self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read_checksum,
+                             staged_checksum=staged_checksum, match=match)
 
     def _gather(self, it: BatchItem, pages: list[int]) -> SequenceState:
         conv, rec, pending = self.states.read(it.live_slot, it.start)
@@ -214,6 +223,14 @@ class ModelRunner:
 
 
 _CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor element
+
+
+def _logits_check(logits: torch.Tensor) -> int | torch.Tensor:
+    """The 63-bit check of the exact logits a token was sampled from: on CUDA computed on the device, into
+    the batch's device results without a host round trip."""
+    if logits.is_cuda:
+        return lanes_value(lanes_of(logits)) & _CHECK_MASK
+    return slot_checksum(logits) & _CHECK_MASK
 
 
 def _media_rows(item: BatchItem) -> MediaRows | None:

@@ -18,6 +18,7 @@ from mini_engine.device import Device
 from mini_engine.model import ModelConfig, SequenceState
 from mini_engine.model.state import pending_width
 from mini_engine.ops.checksum import slot_checksum
+from mini_engine.ops.checksum.deferred import DeviceDigest
 
 __all__ = ["KVStorage", "StateStorage"]
 
@@ -42,6 +43,7 @@ class StateStorage:
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
         self.run = device.zeros(*shape, *heads) if running else None
         self.run_rows = device.zeros(*shape, dtype=torch.int32).fill_(-1) if running else None
+        self._ids = None  # on CUDA: slot ids and row counts as device int32, for checksums without uploads
 
     def forget_running(self, slot: int) -> None:
         """The slot's bytes were written by something other than a decode step: its memo is stale."""
@@ -71,9 +73,24 @@ class StateStorage:
         return torch.cat([self.conv[slot].reshape(-1), self.rec[slot].reshape(-1),
                           self.pending[slot, :, :rows].reshape(-1)])
 
-    def checksum(self, slot: int, length: int) -> int:
-        """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op)."""
-        return slot_checksum(self.slot_bytes(slot, length))
+    def checksum(self, slot: int, length: int) -> int | DeviceDigest:
+        """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op): an int,
+        or on CUDA a ``DeviceDigest`` of the same bytes (one pass per pool, no copy of the slot, no sync)."""
+        if not self.conv.is_cuda:
+            return slot_checksum(self.slot_bytes(slot, length))
+        from mini_engine.ops.checksum.triton import checksum_lanes
+
+        if self._ids is None:
+            self._ids = torch.arange(max(self.conv.shape[0], SNAPSHOT_ALIGN), dtype=torch.int32,
+                                     device=self.conv.device)
+        slots, rows = self._ids[slot : slot + 1], length % SNAPSHOT_ALIGN
+        conv_words, rec_words = self.conv[0].numel(), self.rec[0].numel()  # float32: one word per element
+        lanes = checksum_lanes(pool=self.conv, slots=slots) + checksum_lanes(pool=self.rec, slots=slots,
+                                                                             first_word=conv_words)
+        if rows:
+            lanes += checksum_lanes(pool=self.pending, slots=slots, rows=self._ids[rows : rows + 1],
+                                    first_word=conv_words + rec_words)
+        return DeviceDigest(lanes[0])
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.conv[slot].clone(), self.rec[slot].clone(),

@@ -69,3 +69,44 @@ def _ran(engine: Engine, prompt: list[int], params: SamplingParams, rid: str | N
     rid = engine.submit(prompt, params, rid=rid)
     engine.run()
     return rid
+
+
+def test_device_checksums_are_the_reference_digests():
+    """A slot's checksum computed on the GPU (deferred, per pool, no copy) and the logits check computed on the
+    device equal the reference digests of the same bytes."""
+    import torch
+
+    from mini_engine.device.cuda import CudaDevice
+    from mini_engine.engine.runner import _CHECK_MASK, _logits_check
+    from mini_engine.engine.storage import StateStorage
+    from mini_engine.ops.checksum import slot_checksum
+    from mini_engine.ops.checksum.deferred import DeviceDigest
+
+    config = build_builtin("tiny-random").config
+    states = StateStorage(config, 4, CudaDevice())
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for pool in (states.conv, states.rec, states.pending):
+        pool.copy_(torch.randn(pool.shape, generator=gen, device="cuda"))
+    cases = [(1, 64), (2, 70), (3, 127), (4, 1)]
+    got = [states.checksum(slot, length) for slot, length in cases]
+    assert all(isinstance(d, DeviceDigest) for d in got)
+    for d in got:
+        d.wait()
+    want = [slot_checksum(states.slot_bytes(slot, length).cpu()) for slot, length in cases]
+    assert DeviceDigest.resolve_all(got) == want
+    logits = torch.randn(259, generator=gen, device="cuda")
+    assert int(_logits_check(logits)) == slot_checksum(logits.cpu()) & _CHECK_MASK
+
+
+def test_the_ledger_reads_device_checksums_as_ints(cuda_model):
+    """With a sink on cuda every ledger row reaches it once the run ends, its checksums resolved to ints in seq
+    order."""
+    rows = []
+    engine = Engine(EngineConfig(device="cuda", overlap=True), model=cuda_model, sink=rows.append)
+    for prompt, step in hit_heavy()[:12]:
+        engine.submit(prompt, SamplingParams(max_tokens=4), at_step=step)
+    engine.run()
+    assert engine.events.pending == 0 and [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    checked = [r for r in rows if "checksum" in r or "read_checksum" in r]
+    assert checked and all(isinstance(r.get("checksum", r.get("read_checksum")), int) for r in checked)
+    assert all(r["match"] is True for r in rows if r["type"] == "decode_metadata")

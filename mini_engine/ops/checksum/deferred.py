@@ -1,0 +1,71 @@
+"""Checksums on a GPU without stalling the host: the digest stays on the device until the ledger reads it.
+
+``digest(tensor)`` is ``reference.slot_checksum`` as a Python int on the CPU, and on CUDA a
+``DeviceDigest``: the Triton kernel's lane sums ([2] int64, ``triton.checksum_lanes``) and an event on
+the stream that computed them. The instrumentation queues rows holding one and reads a whole batch of
+them back in one copy once their events have completed (``mini_engine.instrument``). ``lanes_value``
+turns lane sums into the digest on the device itself, for a check that must land in a device tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mini_engine.instrument import Deferred
+from mini_engine.ops.checksum.reference import _MASK32, slot_checksum
+
+__all__ = ["DeviceDigest", "DigestEquals", "digest", "lanes_of", "lanes_value"]
+
+
+class DeviceDigest(Deferred):
+    """A 64-bit digest whose lane sums ``lanes`` [2] int64 the current stream is computing."""
+
+    def __init__(self, lanes: torch.Tensor) -> None:
+        self.lanes = lanes
+        self.event = torch.cuda.Event()
+        self.event.record()  # on the current stream: the one the lanes were queued on
+
+    def ready(self) -> bool:
+        return self.event.query()
+
+    def wait(self) -> None:
+        self.event.synchronize()
+
+    def finish(self, value: int):
+        return value
+
+    @classmethod
+    def resolve_all(cls, values: list[DeviceDigest]) -> list:
+        host = torch.stack([v.lanes for v in values]).tolist()  # one copy for the batch
+        return [v.finish(((a & _MASK32) << 32) | (b & _MASK32)) for v, (a, b) in zip(values, host)]
+
+
+class DigestEquals(DeviceDigest):
+    """Whether the device digest equals ``expected`` (a host digest), once it has landed."""
+
+    def __init__(self, lanes: torch.Tensor, expected: int) -> None:
+        super().__init__(lanes)
+        self.expected = expected
+
+    def finish(self, value: int) -> bool:
+        return value == self.expected
+
+
+def lanes_of(tensor: torch.Tensor) -> torch.Tensor:
+    """Lane sums [2] int64 of a CUDA tensor's bytes (a whole number of 32-bit words); one launch, no sync."""
+    from mini_engine.ops.checksum.triton import checksum_lanes
+
+    pool = tensor.detach().contiguous().reshape(1, -1)
+    return checksum_lanes(pool=pool, slots=torch.zeros(1, dtype=torch.int32, device=tensor.device))[0]
+
+
+def lanes_value(lanes: torch.Tensor) -> torch.Tensor:
+    """The 64-bit digest of lane sums [2], as a 0-d int64 device tensor (two's complement above 2^63)."""
+    return ((lanes[0] & _MASK32) << 32) | (lanes[1] & _MASK32)
+
+
+def digest(tensor: torch.Tensor) -> int | DeviceDigest:
+    """The ledger's checksum of ``tensor``: an int on the CPU, a ``DeviceDigest`` on CUDA."""
+    if tensor.is_cuda:
+        return DeviceDigest(lanes_of(tensor))
+    return slot_checksum(tensor)

@@ -1,0 +1,63 @@
+"""Instrumentation with device values still in flight: rows reach the sink in ``seq`` order, each once its own
+and every earlier row's deferred values have landed, read back together per kind."""
+
+import pytest
+
+from mini_engine.instrument import Deferred, Instrumentation
+
+
+class Landing(Deferred):
+    """A deferred int that lands when the test says so; counts how its values were read."""
+
+    reads: list[int] = []
+
+    def __init__(self, value: int) -> None:
+        self.value, self.landed = value, False
+
+    def ready(self) -> bool:
+        return self.landed
+
+    def wait(self) -> None:
+        self.landed = True
+
+    @classmethod
+    def resolve_all(cls, values):
+        assert all(v.landed for v in values), "a value was read before it landed"
+        cls.reads.append(len(values))
+        return [v.value for v in values]
+
+
+@pytest.fixture
+def rows():
+    Landing.reads = []
+    return []
+
+
+def test_rows_wait_for_their_values_and_keep_their_order(rows):
+    events = Instrumentation(rows.append)
+    first, second = Landing(11), Landing(22)
+    events.emit("host", n=1)
+    events.emit("slot_write", checksum=first)
+    events.emit("host", n=2)  # behind a waiting row: it waits too
+    events.emit("slot_write", checksum=second)
+    assert [r["type"] for r in rows] == ["host"] and events.pending == 3
+    second.landed = True
+    events.flush()
+    assert len(rows) == 1, "a landed row must not overtake an earlier one still in flight"
+    first.landed = True
+    events.flush()
+    assert [(r["seq"], r.get("checksum", r.get("n"))) for r in rows] == [(1, 1), (2, 11), (3, 2), (4, 22)]
+    assert events.pending == 0 and Landing.reads == [2], "the landed values are read back in one batch"
+
+
+def test_flush_wait_delivers_everything(rows):
+    events = Instrumentation(rows.append)
+    events.emit("restore_read", src_checksum=Landing(5), checksum=Landing(6))
+    events.flush(wait=True)
+    assert rows[0]["src_checksum"] == 5 and rows[0]["checksum"] == 6 and events.pending == 0
+
+
+def test_without_a_sink_nothing_queues():
+    events = Instrumentation()
+    events.emit("slot_write", checksum=Landing(1))
+    assert events.pending == 0
