@@ -58,14 +58,16 @@ class Pools(NamedTuple):
 
 
 class _Step(NamedTuple):
-    """One step's per-sequence indices, derived on the device from the uploaded ``[3, B]`` inputs (so a CUDA
-    graph replays them from a static buffer)."""
+    """One step's per-sequence indices, derived on the device from the uploaded ``[3, B]`` inputs and the page
+    table (so a CUDA graph replays them from static buffers), once per step for every layer."""
 
     slots: torch.Tensor  # [B] long: live slot
     positions: torch.Tensor  # [B] long: absolute position of the token fed
     rows: torch.Tensor  # [B] long: the token's row in its chunk (position % 64)
     pending_slots: torch.Tensor  # [B] long: its slot if the token joins the pending rows, else the sink
+    pending_rows: torch.Tensor  # [B] long: where the new row goes in that slot (row 62 of the sink when complete)
     seq_lens: torch.Tensor  # [B] int32: keys after this token (position + 1)
+    kv_rows: torch.Tensor  # [B] long: the new key's row in the flattened pages (page * page_size + offset)
 
 
 def step_inputs(slots: list[int], positions: list[int]) -> torch.Tensor:
@@ -79,9 +81,12 @@ def step_inputs(slots: list[int], positions: list[int]) -> torch.Tensor:
     return torch.tensor([slots, positions, [SINK if c else s for s, c in zip(slots, complete)]], dtype=torch.long)
 
 
-def _step(inputs: torch.Tensor) -> _Step:
+def _step(inputs: torch.Tensor, page_table: torch.Tensor, page_size: int) -> _Step:
     slots, positions, pending_slots = inputs.unbind(0)
-    return _Step(slots, positions, positions % SNAPSHOT_ALIGN, pending_slots, (positions + 1).to(torch.int32))
+    rows = positions % SNAPSHOT_ALIGN
+    pages = page_table.gather(1, (positions // page_size)[:, None]).squeeze(1).to(torch.long)
+    return _Step(slots, positions, rows, pending_slots, rows.clamp(max=SNAPSHOT_ALIGN - 2),
+                 (positions + 1).to(torch.int32), pages * page_size + positions % page_size)
 
 
 class _LayerWeights(NamedTuple):
@@ -152,7 +157,7 @@ def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
     The residual stream ``x`` is float32 [P, hidden], P the batch rounded up to the gemm tile, padding rows
     zero: every projection is then one fixed-shape gemm per tile on the rows as they are. The sequence ops
     (conv, the delta rule, attention) read and write the batch's own rows only."""
-    step = _step(inputs)
+    step = _step(inputs, page_table, pools.keys.shape[2])
     model, n = dm.model, tokens.shape[0]
     x = tokens.new_zeros(-(-n // inv.ROW_TILE) * inv.ROW_TILE, model.config.hidden_size, dtype=torch.float32)
     x[:n] = model.model.embed_tokens(tokens).float()
@@ -238,7 +243,7 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
     # the new row also joins its slot's pending rows; a row that completes its chunk goes to the sink's row 62
     row = row_ops.gdn_rows(conv=conv, a=a, b=b, A_log=gdn.A_log, dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv),
                         head_dims=(gdn.dk, gdn.dv), pending_pool=pending, pending_slots=step.pending_slots,
-                        pending_rows=step.rows.clamp(max=SNAPSHOT_ALIGN - 2))
+                        pending_rows=step.pending_rows)
     # (the kernel reads the slot's rows before the new one: the row just stored is past them)
     running = {} if pools.run is None else {"run_pool": pools.run[:, layer], "run_rows": pools.run_rows[:, layer]}
     core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
@@ -258,9 +263,7 @@ def _full_attention(dm: DecodeModel, attn, in_proj: torch.Tensor, h: torch.Tenso
                                 k_weight=attn.k_norm.weight, inv_freq=attn.rotary.frequencies(qkv.device),
                                 eps=attn.q_norm.eps, heads=(attn.hq, attn.hkv), head_dim=attn.d)
     keys, values = pools.keys[:, layer], pools.values[:, layer]
-    page_size = keys.shape[1]
-    pages = page_table.gather(1, (step.positions // page_size)[:, None].to(torch.long)).squeeze(1).to(torch.long)
-    write_kv_pages(k_cache=keys, v_cache=values, k=k, v=v, slot_mapping=pages * page_size + step.positions % page_size)
+    write_kv_pages(k_cache=keys, v_cache=values, k=k, v=v, slot_mapping=step.kv_rows)
     # the split grid spans the table's capacity (not this step's longest sequence): a fixed launch per batch size
     out = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens)
     gated = row_ops.sigmoid_mul(attn=out, qkv=qkv, heads=attn.hq, head_dim=attn.d, rows=h.shape[0],
