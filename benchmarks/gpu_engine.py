@@ -17,7 +17,8 @@ device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints 
 The engine runs once per ``--variants``, side by side: ``graphs`` (decode steps through
 ``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size: the
 default engine), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.dtype``),
-``graphs-bf16-tgemm`` (and the projections through the decode-rows gemm: ``EngineConfig.decode_gemm``),
+``graphs-bf16-tgemm`` (and the projections through the Triton decode gemm: ``EngineConfig.decode_gemm``),
+``graphs-bf16-auto`` (per weight shape, whichever of cuBLAS and the Triton gemm's configurations timed fastest),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
 tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes).
@@ -64,6 +65,8 @@ VARIANTS = {"graphs": {"decode_kernels": "triton", "cuda_graphs": True},
             "graphs-bf16": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16"},
             "graphs-bf16-tgemm": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
                                   "decode_gemm": "triton"},
+            "graphs-bf16-auto": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
+                                 "decode_gemm": "auto"},
             "triton": {"decode_kernels": "triton", "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
 

@@ -4,6 +4,7 @@
 # of it, and KV page sizes must divide it.
 SNAPSHOT_ALIGN = 64
 
-# The Triton decode step's projections with 16-bit weights: "cublas" (``inv.linear``, 64-row tiles) or
-# "triton" (``decode_rows.linear``: 16-row tiles over more column blocks, tiles past the batch skipped).
-DECODE_GEMMS = ("cublas", "triton")
+# The Triton decode step's projections with 16-bit weights: "cublas" (``inv.linear``, 64-row tiles),
+# "triton" (``decode_rows.gemm.linear``: 16-row tiles, tiles past the batch skipped), or "auto" (per weight
+# shape, whichever of those two and a few Triton configurations ran fastest on the device: ``gemm.choose``).
+DECODE_GEMMS = ("cublas", "triton", "auto")

@@ -38,6 +38,7 @@ import torch
 from mini_engine.constants import DECODE_GEMMS
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
+from mini_engine.ops.decode_rows import gemm as gemm_ops
 from mini_engine.ops.decode_rows import triton as row_ops
 
 __all__ = ["DecodeGraphs", "DecodeModel", "Pools", "decode_step", "step_inputs"]
@@ -107,14 +108,31 @@ class DecodeModel:
         self.model, self.gemm = model, gemm
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
+        self._gemms: dict[int, gemm_ops.GemmConfig] = {}  # id(weight) -> its Triton gemm; absent: inv.linear
+        for weight in self._projections():
+            if gemm == "cublas" or weight.dtype not in (torch.float16, torch.bfloat16):
+                continue
+            config = gemm_ops.configs(*weight.shape)[0] if gemm == "triton" else (
+                gemm_ops.choose(weight) if weight.is_cuda else None)
+            if config is not None:
+                self._gemms[id(weight)] = config
+
+    def _projections(self) -> list[torch.Tensor]:
+        out = [self.model.head_weight]
+        for layer, weights in zip(self.model.model.layers, self.layers):
+            mixer = layer.linear_attn.out_proj if layer.layer_type == LINEAR else layer.self_attn.o_proj
+            out += [weights.in_proj, mixer.weight, weights.gate_up, layer.mlp.down_proj.weight]
+        return out
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
         """A projection of the step's padded rows (``rows`` live): ``inv.linear`` (cuBLAS in 64-row tiles), or
-        with ``gemm="triton"`` and a 16-bit weight the decode-rows gemm (16-row tiles, tiles past the batch
-        skipped). Either way a row's bits do not depend on the batch."""
-        if self.gemm == "triton" and weight.dtype in (torch.float16, torch.bfloat16):
-            return row_ops.linear(x, weight, rows=rows)
-        return inv.linear(x, weight)
+        the Triton decode gemm chosen for this weight at construction (``gemm``: "triton" for every 16-bit
+        weight, "auto" where it timed faster on the device). The choice is per weight, never per batch, so a
+        row's bits do not depend on the batch."""
+        config = self._gemms.get(id(weight))
+        if config is None:
+            return inv.linear(x, weight)
+        return gemm_ops.linear(x, weight, rows=rows, config=config)
 
 
 def _fuse(layer) -> _LayerWeights:

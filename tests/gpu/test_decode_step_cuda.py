@@ -60,14 +60,20 @@ def test_the_running_copy_gives_the_replays_bits_on_the_gpu():
 
 
 def test_the_triton_gemm_matches_cublas_and_keeps_a_rows_bits():
-    """bfloat16 projections through ``decode_rows.linear`` (``DecodeModel(gemm="triton")``): the step's logits
-    within bf16 rounding of the cuBLAS step's, and a sequence's bits the same alone as in the batch."""
+    """bfloat16 projections through the Triton decode gemm (``DecodeModel(gemm="triton")``, and per weight where
+    it timed faster, ``"auto"``): the step's logits within bf16 rounding of the cuBLAS step's, and a sequence's
+    bits the same alone as in the batch."""
     import torch
 
     from tests.unit.kernel_support import relative_error
 
+    from mini_engine.ops.decode_rows import gemm
+
     model = build_builtin("tiny-random").cuda().cast_projections(torch.bfloat16)
     cublas = spec.build(model, CudaDevice())
-    triton = spec.build(model, CudaDevice(), gemm="triton")
-    assert relative_error(triton[4], cublas[4]) <= 2e-2
-    assert torch.equal(triton[6][0], triton[4][spec.ALONE])
+    for mode in ("triton", "auto"):
+        got = spec.build(model, CudaDevice(), gemm=mode)
+        assert relative_error(got[4], cublas[4]) <= 2e-2, mode
+        assert torch.equal(got[6][0], got[4][spec.ALONE]), mode
+    weight = model.model.layers[0].mlp.down_proj.weight
+    assert gemm.choose(weight) in (None, *gemm.configs(*weight.shape))

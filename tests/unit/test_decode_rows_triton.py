@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mini_engine.ops import decode_rows as reference
+from mini_engine.ops.decode_rows import gemm
 from mini_engine.ops.decode_rows import triton as kernels
 from tests.unit.kernel_support import TOLERANCE, randn, relative_error
 
@@ -114,20 +115,35 @@ def test_linear_rows(n_out, n_in):
     weight = randn(n_out, n_in, gen=gen, dtype=torch.float16)
     x = torch.zeros(48, n_in, dtype=torch.float16)
     x[:BATCH] = randn(BATCH, n_in, gen=gen, dtype=torch.float16)
-    got = kernels.linear(x, weight, rows=BATCH)
+    got = gemm.linear(x, weight, rows=BATCH)
     want = (x[:BATCH].float() @ weight.float().t()).half()
     _close(got[:BATCH], want)
     assert got.shape == (48, n_out) and not got[BATCH:].any()
     alone = torch.zeros(16, n_in, dtype=torch.float16)
     alone[0] = x[1]
-    assert torch.equal(kernels.linear(alone, weight, rows=1)[0], got[1])
+    assert torch.equal(gemm.linear(alone, weight, rows=1)[0], got[1])
 
 
 def test_linear_refuses_what_it_cannot_tile():
     weight = torch.zeros(8, 32, dtype=torch.float16)
     with pytest.raises(ValueError, match="16-bit weight"):
-        kernels.linear(torch.zeros(16, 32), weight.float(), rows=1)
+        gemm.linear(torch.zeros(16, 32), weight.float(), rows=1)
     with pytest.raises(ValueError, match="multiple of 16 rows"):
-        kernels.linear(torch.zeros(8, 32, dtype=torch.float16), weight, rows=1)
+        gemm.linear(torch.zeros(8, 32, dtype=torch.float16), weight, rows=1)
     with pytest.raises(ValueError, match="divisible by 16"):
-        kernels.linear(torch.zeros(16, 24, dtype=torch.float16), torch.zeros(8, 24, dtype=torch.float16), rows=1)
+        gemm.linear(torch.zeros(16, 24, dtype=torch.float16), torch.zeros(8, 24, dtype=torch.float16), rows=1)
+
+
+def test_every_gemm_configuration_computes_the_product():
+    """Each candidate configuration ``gemm.choose`` may pick gives the product within fp16 rounding."""
+    gen = torch.Generator().manual_seed(8)
+    weight = randn(600, 256, gen=gen, dtype=torch.float16)
+    x = torch.zeros(16, 256, dtype=torch.float16)
+    x[:2] = randn(2, 256, gen=gen, dtype=torch.float16)
+    want = (x[:2].float() @ weight.float().t()).half()
+    candidates = gemm.configs(600, 256)
+    assert {c.block_n for c in candidates} == {16} and {c.block_k for c in candidates} == {256, 128}
+    for config in candidates:
+        _close(gemm.linear(x, weight, rows=2, config=config)[:2], want)
+    with pytest.raises(ValueError, match="block_k=96"):
+        gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 96))

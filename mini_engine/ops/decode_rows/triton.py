@@ -5,11 +5,7 @@ batch's rows, so a CUDA-graphed decode step costs about a dozen launches per lay
 reads a row's inputs and writes that row's outputs only, in float32: a sequence's result does not
 depend on the rest of the batch. Rows past the batch in a padded output are written as zeros.
 
-``linear`` is the decode step's gemm for 16-bit weights: a few live rows against a weight read once
-(a weight-streaming matrix-vector product in all but name). cuBLAS tiles such a call as 64 rows, most
-of them padding, over too few column blocks to keep the memory busy; here one program owns 16 rows and
-``BLOCK_N`` columns over all of K, the row tile fixed so a row's bits never depend on the batch, and
-tiles wholly past the batch only write their zeros.
+The step's gemm for 16-bit weights is ``gemm.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["add_rms_norm", "gated_rms_norm", "gdn_rows", "linear", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
+__all__ = ["add_rms_norm", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
 
 _SOFTPLUS_THRESHOLD = 20.0  # as torch and ``inv.softplus``
 
@@ -41,28 +37,6 @@ def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, 
     normed = value * tl.rsqrt(tl.sum(value * value, axis=0) / n_cols + eps)
     scale = 1.0 + tl.load(weight + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out + row * out_stride + cols, (normed * scale).to(out.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _linear_kernel(x, w, out, n_live, N, K, x_stride, w_stride, out_stride,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    tile_m, tile_n = tl.program_id(0), tl.program_id(1)
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
-        kk = tl.arange(0, BLOCK_K)
-        x_tile = x + rows.to(tl.int64)[:, None] * x_stride + kk[None, :]
-        w_tile = w + cols.to(tl.int64)[None, :] * w_stride + kk[:, None]
-        for _ in range(0, K, BLOCK_K):
-            a = tl.load(x_tile)
-            b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
-            x_tile += BLOCK_K
-            w_tile += BLOCK_K
-    tl.store(out + rows.to(tl.int64)[:, None] * out_stride + cols[None, :], acc.to(out.dtype.element_ty),
-             mask=col_ok[None, :])
 
 
 @triton.jit
@@ -282,38 +256,3 @@ def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
                                                               BLOCK=block)
     return out
 
-
-LINEAR_BLOCK_M = 16  # rows per program: the smallest tensor-core tile, fixed whatever the batch
-
-
-def linear_blocks(n_out: int, n_in: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for a weight [n_out, n_in]: a function of the weight alone, never of the batch.
-    Column blocks small enough for about 128+ programs at one row tile (the H200 has 132 SMs), K blocks
-    as long as divide ``n_in`` (up to 256)."""
-    block_n = 64 if n_out >= 128 * 64 else 32 if n_out >= 128 * 32 else 16
-    block_k = next((b for b in (256, 128, 64, 32, 16) if n_in % b == 0), 0)
-    if not block_k:
-        raise ValueError(f"linear needs in_features divisible by 16; got {n_in}")
-    return block_n, block_k
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int) -> torch.Tensor:
-    """``x @ weight.T`` for x [P, K] (P a multiple of 16, rows past ``rows`` zero) and a 16-bit weight [N, K]
-    of x's dtype; returns [P, N] in that dtype, rows past ``rows`` zero. Accumulates in float32."""
-    if weight.dtype not in (torch.float16, torch.bfloat16) or x.dtype != weight.dtype:
-        raise ValueError(f"linear takes a 16-bit weight and input of its dtype; got {x.dtype} x {weight.dtype}")
-    padded, n_in = x.shape
-    if weight.dim() != 2 or weight.shape[1] != n_in or weight.stride(1) != 1 or x.stride(1) != 1:
-        raise ValueError(f"weight must be [N, {n_in}] and both contiguous along K; got {tuple(weight.shape)}, "
-                         f"strides {weight.stride()} and {x.stride()}")
-    if padded % LINEAR_BLOCK_M or not 0 <= rows <= padded:
-        raise ValueError(f"x must have a multiple of {LINEAR_BLOCK_M} rows and rows in [0, {padded}]; "
-                         f"got {padded} and {rows}")
-    n_out = weight.shape[0]
-    block_n, block_k = linear_blocks(n_out, n_in)
-    out = x.new_empty(padded, n_out)
-    if padded:
-        _linear_kernel[(padded // LINEAR_BLOCK_M, triton.cdiv(n_out, block_n))](
-            x, weight, out, rows, n_out, n_in, x.stride(0), weight.stride(0), out.stride(0),
-            BLOCK_M=LINEAR_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=4)
-    return out
