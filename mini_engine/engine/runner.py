@@ -24,7 +24,7 @@ from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, lanes_of, lanes_value
+from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, lanes_value, rows_lanes
 
 __all__ = ["Batch", "BatchItem", "ModelRunner"]
 
@@ -71,6 +71,7 @@ class ModelRunner:
         self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0
+        self._staged_digests: dict[tuple[int, ...], int] = {}
 
     def results(self, batch: Batch) -> list[tuple[int, int]]:
         """Block until ``batch`` has run and return (sampled token, logits check) per item (batches launched
@@ -142,10 +143,12 @@ class ModelRunner:
                 token = self._sample(out.logits[-1], it.request, it.start + it.length)
                 batch.sampled[i, 0] = token
                 if self.events.enabled:
-                    batch.sampled[i, 1] = _logits_check(out.logits[-1])
+                    batch.sampled[i, 1] = _logits_checks(out.logits[-1:])[0]
                 self.states.next_token[it.live_slot] = token
             if self.events.enabled:
-                self._report_writes(batch.index, it, wrote_track, pages[i])
+                read = self._table_reads([it], torch.tensor(pages[i], dtype=torch.int32)[None])[0]
+                self._report_writes(batch.index, it, self.states.checksum(it.live_slot, it.start + it.length),
+                                    wrote_track, read)
 
     def _decode_in_place(self, batch: Batch, indices: list[int], table: torch.Tensor) -> None:
         """Decode items ``indices`` (one token each, their page tables the resident ``table`` rows) through
@@ -167,6 +170,10 @@ class ModelRunner:
         self.states.next_token.index_copy_(0, slot_ids, tokens)
         rows = torch.tensor(indices).to(device, non_blocking=True)
         batch.sampled[:, 0].index_copy_(0, rows, tokens)
+        if self.events.enabled:  # the batch's checksums together: a few launches, not a few per item
+            batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(device))
+            written = self.states.checksums(slots, [it.start + it.length for it in items])
+            reads = self._table_reads(items, table[: len(items)])
         for r, it in enumerate(items):
             # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
             wrote_track = it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer
@@ -174,31 +181,46 @@ class ModelRunner:
                 live = it.live_slot
                 self._write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
             if self.events.enabled:
-                batch.sampled[indices[r], 1] = _logits_check(logits[r])
-                self._report_writes(batch.index, it, wrote_track, table[r])
+                self._report_writes(batch.index, it, written[r], wrote_track, reads[r])
 
-    def _report_writes(self, batch: int, it: BatchItem, wrote_track: bool,
-                       pages_read: list[int] | torch.Tensor) -> None:
-        """Device-side ledger rows: checksums of what this forward wrote, and of the page table a
-        decode step read against the one staged for it (the metadata a kernel really saw). On CUDA the
-        checksums stay on the device until the ledger reads them (``ops.checksum.deferred``)."""
-        end = it.start + it.length
+    def _report_writes(self, batch: int, it: BatchItem, written, wrote_track: bool, read) -> None:
+        """Device-side ledger rows: the checksum ``written`` of what this forward left in the live slot, of the
+        snapshot it wrote, and (a decode item) ``read`` = (checksum, match) of the page table the step read
+        against the one staged for it (the metadata a kernel really saw). On CUDA the checksums stay on the
+        device until the ledger reads them (``ops.checksum.deferred``)."""
         self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
-                         position=end, checksum=self.states.checksum(it.live_slot, end))
+                         position=it.start + it.length, checksum=written)
         if wrote_track:
             self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=it.track.slot,
                              position=it.track.position, checksum=self.states.checksum(it.track.slot, it.track.position))
         if it.tokens is None:
-            staged = torch.tensor(it.pages, dtype=torch.int32)
-            read = torch.as_tensor(pages_read, dtype=torch.int32)[: len(it.pages)]
-            staged_checksum = slot_checksum(staged)
-            if read.is_cuda:  # match: the read table's digest is the staged one's
-                lanes = lanes_of(read)
-                read_checksum, match = DeviceDigest(lanes), DigestEquals(lanes, staged_checksum)
-            else:
-                read_checksum, match = slot_checksum(read), bool(torch.equal(read, staged))
+            read_checksum, match = read
             self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read_checksum,
-                             staged_checksum=staged_checksum, match=match)
+                             staged_checksum=self._staged_digest(it.pages), match=match)
+
+    def _table_reads(self, items: list[BatchItem], table: torch.Tensor) -> list[tuple | None]:
+        """Per item, the (checksum, match) of the page-table row a decode step read (``table`` row r, cut to
+        the item's pages) against its staged pages; None for a prefill item. One launch for all rows on CUDA."""
+        lengths = [len(it.pages) for it in items]
+        if not table.is_cuda:
+            return [None if it.tokens is not None else
+                    (slot_checksum(row[:n]), bool(torch.equal(row[:n], torch.tensor(it.pages, dtype=torch.int32))))
+                    for it, row, n in zip(items, table, lengths)]
+        lanes = rows_lanes(table, torch.tensor(lengths, dtype=torch.int32).to(table.device, non_blocking=True))
+        done = DeviceDigest.event_now()
+        return [None if it.tokens is not None else  # match: the read row's digest is the staged pages' one
+                (DeviceDigest(lanes[r], done), DigestEquals(lanes[r], self._staged_digest(it.pages), done))
+                for r, it in enumerate(items)]
+
+    def _staged_digest(self, pages: tuple[int, ...]) -> int:
+        """The checksum of a staged page table (a host computation, remembered: a sequence's pages change
+        once a page, not once a step)."""
+        digest = self._staged_digests.get(pages)
+        if digest is None:
+            if len(self._staged_digests) >= _STAGED_DIGESTS:
+                self._staged_digests.clear()
+            digest = self._staged_digests[pages] = slot_checksum(torch.tensor(pages, dtype=torch.int32))
+        return digest
 
     def _gather(self, it: BatchItem, pages: list[int]) -> SequenceState:
         conv, rec, pending = self.states.read(it.live_slot, it.start)
@@ -225,12 +247,15 @@ class ModelRunner:
 _CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor element
 
 
-def _logits_check(logits: torch.Tensor) -> int | torch.Tensor:
-    """The 63-bit check of the exact logits a token was sampled from: on CUDA computed on the device, into
-    the batch's device results without a host round trip."""
+_STAGED_DIGESTS = 4096  # staged page tables whose checksums the runner remembers
+
+
+def _logits_checks(logits: torch.Tensor) -> torch.Tensor:
+    """The 63-bit checks [B] (int64) of the exact logits [B, vocab] tokens were sampled from: on CUDA
+    computed on the device, into the batch's device results without a host round trip."""
     if logits.is_cuda:
-        return lanes_value(lanes_of(logits)) & _CHECK_MASK
-    return slot_checksum(logits) & _CHECK_MASK
+        return lanes_value(rows_lanes(logits)) & _CHECK_MASK
+    return torch.tensor([slot_checksum(row) & _CHECK_MASK for row in logits], dtype=torch.long)
 
 
 def _media_rows(item: BatchItem) -> MediaRows | None:

@@ -43,7 +43,6 @@ class StateStorage:
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
         self.run = device.zeros(*shape, *heads) if running else None
         self.run_rows = device.zeros(*shape, dtype=torch.int32).fill_(-1) if running else None
-        self._ids = None  # on CUDA: slot ids and row counts as device int32, for checksums without uploads
 
     def forget_running(self, slot: int) -> None:
         """The slot's bytes were written by something other than a decode step: its memo is stale."""
@@ -74,23 +73,25 @@ class StateStorage:
                           self.pending[slot, :, :rows].reshape(-1)])
 
     def checksum(self, slot: int, length: int) -> int | DeviceDigest:
-        """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op): an int,
-        or on CUDA a ``DeviceDigest`` of the same bytes (one pass per pool, no copy of the slot, no sync)."""
+        """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op)."""
+        return self.checksums([slot], [length])[0]
+
+    def checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
+        """``checksum`` of each (slot, length): ints, or on CUDA ``DeviceDigest``s of the same bytes computed
+        together, one pass per pool for all the slots (no copy of a slot, no sync)."""
         if not self.conv.is_cuda:
-            return slot_checksum(self.slot_bytes(slot, length))
+            return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
         from mini_engine.ops.checksum.triton import checksum_lanes
 
-        if self._ids is None:
-            self._ids = torch.arange(max(self.conv.shape[0], SNAPSHOT_ALIGN), dtype=torch.int32,
-                                     device=self.conv.device)
-        slots, rows = self._ids[slot : slot + 1], length % SNAPSHOT_ALIGN
+        device = self.conv.device
+        ids = torch.tensor(slots, dtype=torch.int32).to(device, non_blocking=True)
+        rows = torch.tensor([n % SNAPSHOT_ALIGN for n in lengths], dtype=torch.int32).to(device, non_blocking=True)
         conv_words, rec_words = self.conv[0].numel(), self.rec[0].numel()  # float32: one word per element
-        lanes = checksum_lanes(pool=self.conv, slots=slots) + checksum_lanes(pool=self.rec, slots=slots,
-                                                                             first_word=conv_words)
-        if rows:
-            lanes += checksum_lanes(pool=self.pending, slots=slots, rows=self._ids[rows : rows + 1],
-                                    first_word=conv_words + rec_words)
-        return DeviceDigest(lanes[0])
+        lanes = checksum_lanes(pool=self.conv, slots=ids)
+        lanes += checksum_lanes(pool=self.rec, slots=ids, first_word=conv_words)
+        lanes += checksum_lanes(pool=self.pending, slots=ids, rows=rows, first_word=conv_words + rec_words)
+        done = DeviceDigest.event_now()
+        return [DeviceDigest(lanes[i], done) for i in range(len(slots))]
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.conv[slot].clone(), self.rec[slot].clone(),

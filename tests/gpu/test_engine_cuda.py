@@ -77,7 +77,7 @@ def test_device_checksums_are_the_reference_digests():
     import torch
 
     from mini_engine.device.cuda import CudaDevice
-    from mini_engine.engine.runner import _CHECK_MASK, _logits_check
+    from mini_engine.engine.runner import _CHECK_MASK, _logits_checks
     from mini_engine.engine.storage import StateStorage
     from mini_engine.ops.checksum import slot_checksum
     from mini_engine.ops.checksum.deferred import DeviceDigest
@@ -88,14 +88,14 @@ def test_device_checksums_are_the_reference_digests():
     for pool in (states.conv, states.rec, states.pending):
         pool.copy_(torch.randn(pool.shape, generator=gen, device="cuda"))
     cases = [(1, 64), (2, 70), (3, 127), (4, 1)]
-    got = [states.checksum(slot, length) for slot, length in cases]
+    got = [states.checksum(*cases[0]), *states.checksums([s for s, _ in cases[1:]], [n for _, n in cases[1:]])]
     assert all(isinstance(d, DeviceDigest) for d in got)
     for d in got:
         d.wait()
     want = [slot_checksum(states.slot_bytes(slot, length).cpu()) for slot, length in cases]
     assert DeviceDigest.resolve_all(got) == want
-    logits = torch.randn(259, generator=gen, device="cuda")
-    assert int(_logits_check(logits)) == slot_checksum(logits.cpu()) & _CHECK_MASK
+    logits = torch.randn(3, 259, generator=gen, device="cuda")
+    assert _logits_checks(logits).tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()]
 
 
 def test_the_ledger_reads_device_checksums_as_ints(cuda_model):

@@ -14,16 +14,22 @@ import torch
 from mini_engine.instrument import Deferred
 from mini_engine.ops.checksum.reference import _MASK32, slot_checksum
 
-__all__ = ["DeviceDigest", "DigestEquals", "digest", "lanes_of", "lanes_value"]
+__all__ = ["DeviceDigest", "DigestEquals", "digest", "lanes_of", "lanes_value", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
     """A 64-bit digest whose lane sums ``lanes`` [2] int64 the current stream is computing."""
 
-    def __init__(self, lanes: torch.Tensor) -> None:
+    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event | None = None) -> None:
         self.lanes = lanes
-        self.event = torch.cuda.Event()
-        self.event.record()  # on the current stream: the one the lanes were queued on
+        self.event = event or self.event_now()  # digests computed together share one event
+
+    @staticmethod
+    def event_now() -> torch.cuda.Event:
+        """An event recorded on the current stream (the one the lanes were queued on)."""
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def ready(self) -> bool:
         return self.event.query()
@@ -43,8 +49,8 @@ class DeviceDigest(Deferred):
 class DigestEquals(DeviceDigest):
     """Whether the device digest equals ``expected`` (a host digest), once it has landed."""
 
-    def __init__(self, lanes: torch.Tensor, expected: int) -> None:
-        super().__init__(lanes)
+    def __init__(self, lanes: torch.Tensor, expected: int, event: torch.cuda.Event | None = None) -> None:
+        super().__init__(lanes, event)
         self.expected = expected
 
     def finish(self, value: int) -> bool:
@@ -59,9 +65,21 @@ def lanes_of(tensor: torch.Tensor) -> torch.Tensor:
     return checksum_lanes(pool=pool, slots=torch.zeros(1, dtype=torch.int32, device=tensor.device))[0]
 
 
+def rows_lanes(table: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Lane sums [B, 2] of each row of a CUDA ``table`` [B, width] (32-bit elements), cut to ``lengths[b]``
+    elements when given (a device int32 [B]); one launch, no sync."""
+    from mini_engine.ops.checksum.triton import checksum_lanes
+
+    rows = table.detach().contiguous()
+    ids = torch.arange(rows.shape[0], dtype=torch.int32, device=rows.device)
+    if lengths is None:
+        return checksum_lanes(pool=rows, slots=ids)
+    return checksum_lanes(pool=rows.view(rows.shape[0], 1, rows.shape[1], 1), slots=ids, rows=lengths)
+
+
 def lanes_value(lanes: torch.Tensor) -> torch.Tensor:
-    """The 64-bit digest of lane sums [2], as a 0-d int64 device tensor (two's complement above 2^63)."""
-    return ((lanes[0] & _MASK32) << 32) | (lanes[1] & _MASK32)
+    """The 64-bit digests of lane sums [..., 2], as int64 device values (two's complement above 2^63)."""
+    return ((lanes[..., 0] & _MASK32) << 32) | (lanes[..., 1] & _MASK32)
 
 
 def digest(tensor: torch.Tensor) -> int | DeviceDigest:
