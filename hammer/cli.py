@@ -15,7 +15,6 @@ Exit codes everywhere: 0 clean, 1 corrupted hits above --max-rate (or any corrup
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -23,17 +22,19 @@ from pathlib import Path
 import click
 
 from hammer import __version__
+from hammer.cli_options import (
+    DEFAULT_PATTERNS,
+    DEVICE_OPTION,
+    DEVICE_SEED_OPTION,
+    REPORT_OPTION,
+    check_device,
+    duration,
+    parse_settings,
+    run_options,
+    split_options,
+)
 
 __all__ = ["main"]
-
-DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
-                    "media-ab", "donate-hit")
-ENGINE_FLAGS = {"faults": "--fault", "overlap": "--overlap", "device": "--device", "device_seed": "--device-seed",
-                "max_running": "--max-running", "num_slots": "--num-slots", "num_pages": "--num-pages",
-                "page_size": "--page-size"}
-HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model", "control_url": "--control-url",
-              "timeout": "--timeout", "exact": "--exact/--inexact"}
-
 
 class _Commands(click.Group):
     """The group, plus ``report / compare / plan`` from reports.cli, imported only when asked for
@@ -63,119 +64,14 @@ def main() -> None:
     """
 
 
-def _duration(_ctx, _param, value: str | None) -> float | None:
-    if value is None:
-        return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", value.strip())
-    if not match:
-        raise click.BadParameter("use a number of seconds, or e.g. 90s, 10m, 2h")
-    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
-
-
-def _seed(_ctx, _param, value: str) -> int | str:
-    if value == "last":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise click.BadParameter("an integer, or 'last' to reuse the seed of runs/last") from None
-
-
-def _target(_ctx, _param, value: str) -> str:
-    if value == "embedded" or re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
-        return value
-    raise click.BadParameter("'embedded', or the URL of an OpenAI-compatible server (http://127.0.0.1:8000)")
-
-
-def _headers(_ctx, _param, values: tuple[str, ...]) -> dict[str, str]:
-    headers = {}
-    for value in values:
-        name, sep, content = value.partition(":")
-        if not sep or not name.strip():
-            raise click.BadParameter(f"{value!r}: use NAME:VALUE, e.g. 'X-Team: harness'")
-        headers[name.strip()] = content.strip()
-    return headers
-
-
-def _settings(_ctx, _param, values: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
-    """``key=value`` pairs; a value is read as JSON when it parses (numbers, lists -> tuples), else as text."""
-    settings = {}
-    for value in values:
-        key, sep, raw = value.partition("=")
-        if not sep or not key.isidentifier():
-            raise click.BadParameter(f"{value!r}: use key=value, e.g. --set abandon_after=3")
-        try:
-            parsed = json.loads(raw)
-        except json.JSONDecodeError:
-            parsed = raw
-        settings[key] = tuple(parsed) if isinstance(parsed, list) else parsed
-    return tuple(sorted(settings.items()))
-
-
-REPORT_OPTION = click.option("--report/--no-report", default=True, show_default=True,
-                             help="Write RUN_DIR/report/ (report.md, report.html, plots, CSV, Parquet) at the end.")
-DEVICE_OPTION = click.option("--device", type=click.Choice(["sim", "cuda"]), default=None,
-                             help="[embedded] Where the engine runs: the simulated device (default) or a GPU "
-                                  "(real CUDA streams; --device-seed then has no effect).")
-
-
-def run_options(command):
-    """What every running command takes: the target, the seed, the output, engine and HTTP options, verdicts."""
-    from mini_engine.faults import ALL_FAULTS, FAULTS
-
-    positive = click.IntRange(min=1)
-    options = [
-        click.option("--target", default="embedded", show_default=True, callback=_target, metavar="embedded|URL",
-                     help="The in-process engine, or the base URL of an OpenAI-compatible server."),
-        click.option("--seed", default="0", callback=_seed, show_default=True, help="Schedule seed, or 'last'."),
-        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"), show_default=True,
-                     help="Root folder of run directories."),
-        click.option("--concurrency", type=positive, default=None, help="Most requests open at once (default: any)."),
-        click.option("--max-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True,
-                     help="Corrupted-hit rate above which the exit code is 1."),
-        click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Also write JUnit XML here."),
-        REPORT_OPTION,
-        click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
-                     help=f"[embedded] Switch one engine safeguard off (repeatable): {', '.join(FAULTS)}; "
-                          f"outside the catalogue: "
-                          f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
-        click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
-        DEVICE_OPTION,
-        click.option("--device-seed", type=int, default=0, show_default=True,
-                     help="[embedded] Seed of the simulated device (round r uses seed + r)."),
-        click.option("--max-running", type=positive, default=None, help="[embedded] Requests batched at once."),
-        click.option("--num-slots", type=positive, default=None, help="[embedded] Linear-state slots."),
-        click.option("--num-pages", type=positive, default=None, help="[embedded] KV pages."),
-        click.option("--page-size", type=click.Choice(["1", "2", "4", "8", "16", "32", "64"]), default=None,
-                     help="[embedded] Tokens per KV page (finish donations land on page-aligned lengths)."),
-        click.option("--api-key", default=None, envvar="HAMMER_API_KEY",
-                     help="[http] Sent as 'Authorization: Bearer KEY' (env HAMMER_API_KEY)."),
-        click.option("--header", "headers", multiple=True, callback=_headers, metavar="NAME:VALUE",
-                     help="[http] An extra request header (repeatable)."),
-        click.option("--model", default=None, help="[http] The model name to ask for (default: the server's first)."),
-        click.option("--control-url", default=None, metavar="URL",
-                     help="[http] Run the cold controls here: a second server with its prefix cache off."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
-                     help="[http] Seconds a request may wait for its next bytes."),
-        click.option("--exact/--inexact", default=None,
-                     help="[http] Count a hit that differs from its control as corruption (default: yes for "
-                          "mini-engine servers whose /v1/models card says bit_exact, i.e. on the sim device; "
-                          "no for others)."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
 @main.command()
 @run_options
 @click.option("--requests", type=click.IntRange(min=1), default=None, help="Stop after this many hammer requests.")
-@click.option("--duration", callback=_duration, default=None, help="Or stop after this long (e.g. 90s, 10m, 2h).")
+@click.option("--duration", callback=duration, default=None, help="Or stop after this long (e.g. 90s, 10m, 2h).")
 @click.option("--pattern", "patterns", multiple=True, metavar="NAME",
               help="Pattern(s), round robin (repeatable; default: seven, follow-up among them).")
 @click.option("--round-size", type=click.IntRange(min=1), default=24, show_default=True, help="Hammer ops per round.")
-@click.option("--set", "settings", multiple=True, callback=_settings, metavar="KEY=VALUE",
+@click.option("--set", "settings", multiple=True, callback=parse_settings, metavar="KEY=VALUE",
               help="A pattern setting, given to every pattern of the soak (repeatable).")
 @click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Continue a stored soak (same seeds and plan, next round).")
@@ -190,7 +86,7 @@ def soak(patterns, requests, duration, round_size, settings, resume, **options):
 @run_options
 @click.argument("pattern")
 @click.option("--count", type=click.IntRange(min=1), default=24, show_default=True, help="Hammer requests.")
-@click.option("--set", "settings", multiple=True, callback=_settings, metavar="KEY=VALUE",
+@click.option("--set", "settings", multiple=True, callback=parse_settings, metavar="KEY=VALUE",
               help="A setting of the pattern (repeatable), e.g. --set abandon_after=3.")
 def run_pattern(pattern, count, settings, **options):
     """One round of one PATTERN (and its controls)."""
@@ -251,7 +147,7 @@ def replay(run_dir, request):
 @click.option("--verdict", default=None, metavar="VERDICT", help="Shrink the first failure with this verdict.")
 @click.option("--max-trials", type=click.IntRange(min=1), default=300, show_default=True,
               help="Candidate schedules to run at most.")
-@click.option("--budget", callback=_duration, default="10m", show_default=True, help="Time to search at most.")
+@click.option("--budget", callback=duration, default="10m", show_default=True, help="Time to search at most.")
 def shrink(run_dir, out, verdict, max_trials, budget):
     """Delta-debug an embedded run's failing round to a minimal schedule that fails the same way.
 
@@ -301,7 +197,7 @@ def postmortem(run_dir, max_rows, report):
 @click.option("--faults", "names", multiple=True, metavar="CELL",
               help="Cells to run (repeatable or comma-separated): faults of the catalogue, extra faults, 'clean'. "
                    "Default: the catalogue and clean.")
-@click.option("--budget", callback=_duration, default="30s", show_default=True, help="Time per cell.")
+@click.option("--budget", callback=duration, default="30s", show_default=True, help="Time per cell.")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Bound each cell by hammer requests instead of time (deterministic).")
 @click.option("--quick", is_flag=True, help="Each cell its own small request count (the CI-sized matrix).")
@@ -309,8 +205,9 @@ def postmortem(run_dir, max_rows, report):
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the cells' run directories and the combined report go (default runs/matrix-<time>).")
 @DEVICE_OPTION
+@DEVICE_SEED_OPTION
 @REPORT_OPTION
-def faults(names, budget, requests, quick, seed, out, device, report):
+def faults(names, budget, requests, quick, seed, out, device, device_seed, report):
     """Run every fault (and the clean engine) against the patterns that should expose it; print one table.
 
     Exit 0 when every fault was detected and attributed correctly and the clean cell found nothing,
@@ -320,7 +217,7 @@ def faults(names, budget, requests, quick, seed, out, device, report):
     if quick and requests:
         raise click.BadParameter("--quick sets the request counts; give one of --quick and --requests",
                                  param_hint="--quick")
-    _check_device(device)
+    check_device(device)
     try:
         cells = select([n for name in names for n in name.split(",") if n])
     except ValueError as err:
@@ -330,7 +227,8 @@ def faults(names, budget, requests, quick, seed, out, device, report):
     click.echo(f"hammer faults: {len(cells)} cell(s), {bound} each, seed {seed} -> {out}")
     try:
         matrix_json = run_matrix(cells, out, seed=seed, budget=None if requests or quick else budget,
-                                 requests=requests, quick=quick, device=device, echo=click.echo)
+                                 requests=requests, quick=quick, device=device, device_seed=device_seed,
+                                 echo=click.echo)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     sys.exit(_matrix_report(matrix_json, report))
@@ -354,34 +252,6 @@ def _matrix_report(matrix_json: Path, report: bool) -> int:
     return code
 
 
-def _check_device(device: str | None) -> None:
-    """--device cuda on a machine without a GPU is refused before a run directory exists."""
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise click.BadParameter("cuda needs a CUDA build of torch and a visible GPU; this machine has "
-                                     "neither (use the default, the simulated device)", param_hint="--device")
-
-
-def _split_options(options: dict) -> tuple[dict, dict]:
-    """(engine options, HTTP options) for the chosen target; an option of the other target is an error."""
-    ctx = click.get_current_context()
-    embedded = options["target"] == "embedded"
-    given = {name for name in (*ENGINE_FLAGS, *HTTP_FLAGS)
-             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
-    wrong = sorted(given & set(HTTP_FLAGS if embedded else ENGINE_FLAGS))
-    if wrong:
-        flags = HTTP_FLAGS if embedded else ENGINE_FLAGS
-        raise click.BadParameter(f"{flags[wrong[0]]} applies to the {'http' if embedded else 'embedded'} target "
-                                 f"only; this run's --target is {options['target']}", param_hint=flags[wrong[0]])
-    engine = {name: options[name] for name in ENGINE_FLAGS if options[name] is not None}
-    _check_device(engine.get("device"))
-    if "page_size" in engine:
-        engine["page_size"] = int(engine["page_size"])
-    return engine, {name: options[name] for name in HTTP_FLAGS if options[name] is not None}
-
-
 def _execute(options, patterns, requests, duration, round_size, settings, resume):
     from forensics import RunDir, resolve_run
     from hammer.progress import Progress
@@ -389,7 +259,7 @@ def _execute(options, patterns, requests, duration, round_size, settings, resume
     from hammer.soak import SoakPlan
     from hammer.targets import TargetUnavailable
 
-    engine, http = _split_options(options)
+    engine, http = split_options(options)
     seed = options["seed"]
     try:
         if seed == "last":

@@ -241,7 +241,9 @@ def shrink_run(run_dir: str | Path, *, verdict: str | None = None, max_trials: i
     request, verdict, index = failure_of(run_dir, verdict)
     plan = plan_of(run.meta)
     hammer = tuple(op for op in round_ops(plan, index)[1] if op.arm == HAMMER_ARM)
-    engine = {**run.meta.engine, "device_seed": int(run.meta.engine.get("device_seed", 0)) + index}
+    from hammer.targets.embedded import round_device_seed
+
+    engine = {**run.meta.engine, "device_seed": round_device_seed(run.meta.engine, index)}
     case = Case(hammer, engine, verdict, plan.seed, f"{Path(run_dir).resolve()} round {index} ({request})",
                 plan.concurrency)
     steps: list[str] = []

@@ -2,7 +2,7 @@
 
 A run is a function of its seeds: the ops (pattern seed), the engine options and the device seed.
 Round ``r`` of a soak runs on fresh engines whose device seed is ``device_seed + r``, so each
-round replays on its own. Two engines per round:
+round replays on its own (on cuda a seed of 0, the GPU's own timing, stays 0: ``round_device_seed``). Two engines per round:
 
     hammer lane    the engine under test: the options as given (faults, overlap, ...), cache on
     control lane   the reference: the same engine with the cache off and every safeguard on;
@@ -27,7 +27,7 @@ from hammer.targets.base import Completion, Delta, Failure, Lane, SteppedTarget,
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 from mini_engine.model import HybridModel, load_model
 
-__all__ = ["ENGINE_OPTIONS", "EmbeddedTarget", "LedgerWriter"]
+__all__ = ["ENGINE_OPTIONS", "EmbeddedTarget", "LedgerWriter", "round_device_seed"]
 
 # The engine options a run may set (EngineConfig fields), recorded in meta.json's ``engine``.
 ENGINE_OPTIONS = ("model", "overlap", "device", "device_seed", "max_running", "num_slots", "num_pages", "page_size",
@@ -122,6 +122,14 @@ def _completion(choice: int, result: Any) -> Completion:
                       usage, forensic)
 
 
+def round_device_seed(engine: Mapping[str, Any], index: int) -> int:
+    """The device seed of round ``index``: ``device_seed + index``, so each round replays on its own. On cuda a
+    base seed of 0 stays 0 in every round: there 0 is the GPU's own timing and any other seed turns the
+    stream-delay nemesis on (``mini_engine.device.cuda``), which a run must ask for."""
+    base = int(engine.get("device_seed", 0))
+    return base if engine.get("device") == "cuda" and base == 0 else base + index
+
+
 class EmbeddedTarget(SteppedTarget):
     """``options``: EngineConfig fields (``ENGINE_OPTIONS``); ``ledger``: where the ledger goes (None: nowhere)."""
 
@@ -160,8 +168,7 @@ class EmbeddedTarget(SteppedTarget):
             self.ledger = LedgerWriter(Path(run_dir) / "ledger.jsonl")
 
     def begin_round(self, index: int) -> None:
-        seed = self.config.device_seed + index
-        hammer = {**self.options, "device_seed": seed}
+        hammer = {**self.options, "device_seed": round_device_seed(self.options, index)}
         control = {**hammer, "faults": (), "enable_cache": False}
         self._lanes = {HAMMER_ARM: EngineLane(self._engine_of(hammer), "hammer", index, self.ledger),
                        CONTROL_ARM: EngineLane(self._engine_of(control), "control", index, self.ledger)}

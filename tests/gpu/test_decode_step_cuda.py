@@ -65,9 +65,8 @@ def test_the_triton_gemm_matches_cublas_and_keeps_a_rows_bits():
     bits the same alone as in the batch."""
     import torch
 
-    from tests.unit.kernel_support import relative_error
-
     from mini_engine.ops.decode_rows import gemm
+    from tests.unit.kernel_support import relative_error
 
     model = build_builtin("tiny-random").cuda().cast_projections(torch.bfloat16)
     cublas = spec.build(model, CudaDevice())

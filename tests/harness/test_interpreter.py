@@ -105,3 +105,12 @@ def test_a_turn_whose_predecessor_failed_is_recorded_as_not_sent(tmp_path):
     events = run(fake, ops, tmp_path / "h.jsonl")
     assert ("start", "b") not in fake.log
     assert [e["error"] for e in events if e["type"] == "fail"][1].startswith("not sent: a")
+
+
+def test_each_round_gets_its_own_device_seed_but_cuda_seed_zero_stays_the_gpus_own_timing():
+    from hammer.targets.embedded import round_device_seed
+
+    assert [round_device_seed({"device_seed": 5}, r) for r in range(3)] == [5, 6, 7]
+    assert [round_device_seed({}, r) for r in range(3)] == [0, 1, 2]  # the sim: a schedule per round
+    assert [round_device_seed({"device": "cuda"}, r) for r in range(3)] == [0, 0, 0]  # no nemesis unless asked
+    assert [round_device_seed({"device": "cuda", "device_seed": 2}, r) for r in range(3)] == [2, 3, 4]
