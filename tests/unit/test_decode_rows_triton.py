@@ -142,8 +142,17 @@ def test_every_gemm_configuration_computes_the_product():
     x[:2] = randn(2, 256, gen=gen, dtype=torch.float16)
     want = (x[:2].float() @ weight.float().t()).half()
     candidates = gemm.configs(600, 256)
-    assert {c.block_n for c in candidates} == {16} and {c.block_k for c in candidates} == {256, 128}
+    whole = [c for c in candidates if c.split_k == 1]
+    assert {c.block_n for c in whole} == {16} and {c.block_k for c in whole} == {256, 128}
+    assert {c.split_k for c in candidates} == {1, 2, 4}, "a narrow output also splits K"
     for config in candidates:
-        _close(gemm.linear(x, weight, rows=2, config=config)[:2], want)
+        got = gemm.linear(x, weight, rows=2, config=config)
+        _close(got[:2], want)
+        assert not got[2:].any(), config
+    alone = torch.zeros(16, 256, dtype=torch.float16)
+    alone[0] = x[1]
+    split = gemm.GemmConfig(32, 64, split_k=4)
+    assert torch.equal(gemm.linear(alone, weight, rows=1, config=split)[0],
+                       gemm.linear(x, weight, rows=2, config=split)[1]), "split-K keeps a row's bits"
     with pytest.raises(ValueError, match="block_k=96"):
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 96))

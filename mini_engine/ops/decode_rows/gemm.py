@@ -4,7 +4,8 @@ A decode step multiplies a few live rows by each weight once: a weight-streaming
 in all but name. ``inv.linear`` gives cuBLAS fixed 64-row tiles (batch invariance), most of them padding,
 and on the H200 cuBLAS then runs the 1,024-wide outputs at 0.7-1.0 TB/s (split-K over few column
 blocks). ``linear`` here gives one program 16 rows (the smallest tensor-core tile) and ``block_n``
-columns over all of K; tiles wholly past the batch write their zeros and read no weight.
+columns over all of K, or over a fixed part of K (``split_k``: the parts' float32 sums added in a fixed
+order by a second launch); tiles wholly past the batch write their zeros and read no weight.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
 Triton configurations, on the device for one weight and returns the fastest. The choice is made once
@@ -32,38 +33,58 @@ class GemmConfig(NamedTuple):
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
+    split_k: int = 1  # K in this many fixed parts, their float32 partial sums added in a fixed order
 
 
 @triton.jit
-def _linear_kernel(x, w, out, n_live, N, K, x_stride, w_stride, out_stride,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    tile_m, tile_n = tl.program_id(0), tl.program_id(1)
+def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    """Rows tile_m, columns tile_n, K part ``part`` (of K_PART columns); with SPLIT > 1 ``out`` is the float32
+    partial-sum buffer [SPLIT, P, N] and ``_sum_parts_kernel`` adds the parts."""
+    tile_m, tile_n, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
-        kk = tl.arange(0, BLOCK_K)
+        kk = part.to(tl.int64) * K_PART + tl.arange(0, BLOCK_K)
         x_tile = x + rows.to(tl.int64)[:, None] * x_stride + kk[None, :]
         w_tile = w + cols.to(tl.int64)[None, :] * w_stride + kk[:, None]
-        for _ in range(0, K, BLOCK_K):
+        for _ in range(0, K_PART, BLOCK_K):
             a = tl.load(x_tile)
             b = tl.load(w_tile, mask=col_ok[None, :], other=0.0)
             acc = tl.dot(a, b, acc)
             x_tile += BLOCK_K
             w_tile += BLOCK_K
-    tl.store(out + rows.to(tl.int64)[:, None] * out_stride + cols[None, :], acc.to(out.dtype.element_ty),
-             mask=col_ok[None, :])
+    target = out + part.to(tl.int64) * part_stride + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+    tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[None, :])
+
+
+@triton.jit
+def _sum_parts_kernel(parts, out, N, part_stride, out_stride, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Row r of ``out``: the SPLIT partial sums of the row added in order 0, 1, ..., then cast."""
+    row, tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = tile * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    total = tl.load(parts + row * out_stride + cols, mask=ok, other=0.0)
+    for part in tl.static_range(1, SPLIT):
+        total += tl.load(parts + part * part_stride + row * out_stride + cols, mask=ok, other=0.0)
+    tl.store(out + row * out_stride + cols, total.to(out.dtype.element_ty), mask=ok)
 
 
 def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     """Candidate configurations for a weight [n_out, n_in] (the first is the default): column blocks of 16,
-    32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``."""
+    32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
+    2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts."""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
         raise ValueError(f"linear needs in_features divisible by 16; got {n_in}")
     block_ns = [b for b in (64, 32, 16) if triton.cdiv(n_out, b) >= 32] or [16]
-    return [GemmConfig(n, k) for n in block_ns for k in block_ks]
+    out = [GemmConfig(n, k) for n in block_ns for k in block_ks]
+    if n_out <= 2048:
+        out += [GemmConfig(n, k, split_k=split) for split in (2, 4) for n in (64, 32)
+                for k in (128, 64) if n_in % (split * k) == 0]
+    return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConfig | None = None) -> torch.Tensor:
@@ -80,14 +101,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         raise ValueError(f"x must have a multiple of {BLOCK_M} rows and rows in [0, {padded}]; got {padded} and {rows}")
     n_out = weight.shape[0]
     config = config or configs(n_out, n_in)[0]
-    if n_in % config.block_k:
-        raise ValueError(f"block_k={config.block_k} must divide in_features={n_in}")
+    if n_in % (config.block_k * config.split_k):
+        raise ValueError(f"block_k={config.block_k} x split_k={config.split_k} must divide in_features={n_in}")
     out = x.new_empty(padded, n_out)
-    if padded:
-        _linear_kernel[(padded // BLOCK_M, triton.cdiv(n_out, config.block_n))](
-            x, weight, out, rows, n_out, n_in, x.stride(0), weight.stride(0), out.stride(0),
-            BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-            num_stages=config.num_stages)
+    if not padded:
+        return out
+    split = config.split_k
+    parts = out if split == 1 else torch.empty(split, padded, n_out, dtype=torch.float32, device=x.device)
+    _linear_kernel[(padded // BLOCK_M, triton.cdiv(n_out, config.block_n), split)](
+        x, weight, parts, rows, n_out, n_in // split, x.stride(0), weight.stride(0), n_out,
+        0 if split == 1 else parts.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT=split, num_warps=config.num_warps, num_stages=config.num_stages)
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n_out))
+        _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
+                                                             SPLIT=split, BLOCK=block)
     return out
 
 
