@@ -43,7 +43,6 @@ dot is IEEE float32 (no TF32).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -51,32 +50,13 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK, GdnResult, _check_inputs
 
 __all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton"]
 
 if CHUNK != 64:
     raise ImportError("the Triton kernels solve 64-row chunks as four 16-row blocks; CHUNK must be 64")
-
-_HEAD_SIZES = (16, 32, 64, 128)  # powers of two for tl.arange, >= 16 for tl.dot; 256 would overflow shared memory
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How a state-walking kernel is launched: the V tile per program, warps and pipeline stages."""
-
-    block_v: int
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def __post_init__(self):
-        if self.block_v not in _HEAD_SIZES:
-            raise ValueError(f"block_v must be one of {_HEAD_SIZES}; got {self.block_v}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16; got {self.num_warps}")
-        if self.num_stages < 1:
-            raise ValueError(f"num_stages must be at least 1; got {self.num_stages}")
-
 
 # ----------------------------------------------------------------------------- prepare (per chunk)
 
@@ -311,26 +291,6 @@ def _state_output_kernel(q, k, w, u, aqk, gcum, out, seq_row0, seq_len, seq_firs
 # ----------------------------------------------------------------------------- host side
 
 
-def _check_head_sizes(k_dim: int, v_dim: int, dtype: torch.dtype) -> None:
-    for name, size in (("K", k_dim), ("V", v_dim)):
-        if size not in _HEAD_SIZES:
-            raise ValueError(f"the Triton kernels need head size {name} in {_HEAD_SIZES}; got {size}")
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"q, k and v must be float32, float16 or bfloat16; got {dtype}")
-
-
-def _check_pool(state_pool, state_indices, n_seq: int, state_shape: tuple) -> None:
-    """A pool is [slots, Hv, K, V] with each slot contiguous; slots may be strided (one layer of [S, L, ...])."""
-    _, k_dim, v_dim = state_shape
-    if state_pool.dim() != 4 or tuple(state_pool.shape[1:]) != state_shape \
-            or state_pool.stride()[1:] != (k_dim * v_dim, v_dim, 1):
-        raise ValueError(f"state_pool must be [slots, {', '.join(map(str, state_shape))}] with contiguous slots; "
-                         f"got shape {tuple(state_pool.shape)}, strides {state_pool.stride()}")
-    if state_indices is None or tuple(state_indices.shape) != (n_seq,):
-        shape = None if state_indices is None else tuple(state_indices.shape)
-        raise ValueError(f"state_indices must be [{n_seq}] (one pool row per sequence); got {shape}")
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -351,12 +311,6 @@ def _default_walk_config(pairs: int, v_dim: int, device: torch.device, dtype: to
         if (wide or block_v <= 32) and block_v <= v_dim and pairs * (v_dim // block_v) >= sms * 3 // 4:
             return LaunchConfig(block_v=block_v, num_warps=num_warps, num_stages=stages)
     return LaunchConfig(block_v=16, num_stages=stages)
-
-
-def _v_tiles(config: LaunchConfig, v_dim: int) -> int:
-    if config.block_v > v_dim:
-        raise ValueError(f"config.block_v={config.block_v} is wider than the value head (V={v_dim})")
-    return v_dim // config.block_v
 
 
 class _ChunkPlan(NamedTuple):
@@ -416,7 +370,7 @@ def _initial_source(initial_state, state_pool, state_indices, n_seq: int, state_
     if state_pool is not None:
         if initial_state is not None:
             raise ValueError("give initial_state or state_pool (with state_indices), not both")
-        _check_pool(state_pool, state_indices, n_seq, state_shape)
+        check_pool(state_pool, state_indices, n_seq, state_shape)
         return state_pool, state_indices.to(device=device, dtype=torch.int32)
     if initial_state is not None:
         return initial_state.contiguous(), torch.arange(n_seq, device=device, dtype=torch.int32)
@@ -448,7 +402,7 @@ def chunk_gated_delta_rule_triton(
     """
     state_shape = _check_inputs(q, k, v, g, beta, cu_seqlens, initial_state)
     n_seq, hv, k_dim, v_dim = state_shape
-    _check_head_sizes(k_dim, v_dim, q.dtype)
+    check_head_sizes(k_dim, v_dim, q.dtype)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     config = config or _default_walk_config(n_seq * hv, v_dim, q.device, q.dtype)
@@ -464,7 +418,7 @@ def chunk_gated_delta_rule_triton(
     out = torch.empty_like(v)
     init, init_rows = (final, seq_len) if source is None else (source, source_rows)  # (unread placeholders)
     if n_seq:
-        _state_output_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
+        _state_output_kernel[(v_tiles(config, v_dim), n_seq, hv)](
             q, k, prepared.w, prepared.u, prepared.aqk, prepared.gcum, out, seq_row0, seq_len, seq_first_boundary,
             init, init_rows, init.stride(0), final, boundary if boundary.numel() else final, scale,
             q.shape[1], hv, K=k_dim, V=v_dim, BV=config.block_v, HAS_INIT=source is not None,

@@ -9,8 +9,8 @@
   completes the chunk; with a running copy of the state beside the slot, a step that follows a step
   starts from that copy instead (one row instead of up to 64, the same bits).
 
-Held to ``reference.py`` like the prefill kernels in ``triton.py``, whose launch configuration and
-argument checks they share.
+Held to ``reference.py`` like the prefill kernels in ``triton.py``; both take their launch configuration
+and argument checks from ``launch.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK
-from mini_engine.ops.gated_delta_rule.triton import LaunchConfig, _check_head_sizes, _check_pool, _v_tiles
 
 __all__ = ["fused_recurrent_gated_delta_rule_triton", "pending_replay_decode_triton"]
 
@@ -113,15 +113,15 @@ def fused_recurrent_gated_delta_rule_triton(
     for name, t in (("g", g), ("beta", beta)):
         if tuple(t.shape) != (n_seq, hv):
             raise ValueError(f"{name} must be [B, Hv] = {(n_seq, hv)}; got {tuple(t.shape)}")
-    _check_head_sizes(k_dim, v_dim, q.dtype)
-    _check_pool(state_pool, state_indices, n_seq, (hv, k_dim, v_dim))
+    check_head_sizes(k_dim, v_dim, q.dtype)
+    check_pool(state_pool, state_indices, n_seq, (hv, k_dim, v_dim))
     scale = k_dim**-0.5 if scale is None else scale
     config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
     out = v.new_empty(n_seq, hv, v_dim)
     if n_seq:
         q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
         rows = state_indices.to(device=q.device, dtype=torch.int32)
-        _recurrent_step_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
+        _recurrent_step_kernel[(v_tiles(config, v_dim), n_seq, hv)](
             q, k, v, g, beta, state_pool, rows, state_pool.stride(0), out, scale, hk, hv, K=k_dim, V=v_dim,
             BV=config.block_v, num_warps=config.num_warps, num_stages=config.num_stages)
     return out
@@ -161,8 +161,8 @@ def pending_replay_decode_triton(
             or pending_pool.stride()[1:] != (width, 1) or not new_rows.is_contiguous():
         raise ValueError(f"pending_pool must be [slots, {CHUNK - 1}, {width}] with contiguous rows and new_rows "
                          f"contiguous; got {tuple(pending_pool.shape)}, strides {pending_pool.stride()}")
-    _check_head_sizes(k_dim, v_dim, new_rows.dtype)
-    _check_pool(rec_pool, slots, n_seq, (hv, k_dim, v_dim))
+    check_head_sizes(k_dim, v_dim, new_rows.dtype)
+    check_pool(rec_pool, slots, n_seq, (hv, k_dim, v_dim))
     if tuple(rows.shape) != (n_seq,):
         raise ValueError(f"rows must be [{n_seq}]; got {tuple(rows.shape)}")
     scale = k_dim**-0.5 if scale is None else scale
@@ -177,7 +177,7 @@ def pending_replay_decode_triton(
                          f"{run_rows.dtype} {tuple(run_rows.shape)}")
     out = new_rows.new_empty(n_seq, hv, v_dim)
     if n_seq:
-        _pending_replay_kernel[(_v_tiles(config, v_dim), n_seq, hv)](
+        _pending_replay_kernel[(v_tiles(config, v_dim), n_seq, hv)](
             new_rows, pending_pool, pending_pool.stride(0), rec_pool, rec_pool.stride(0),
             run_pool if has_run else rec_pool, run_pool.stride(0) if has_run else 0,
             run_rows if has_run else rows, run_rows.stride(0) if has_run else 0, slots, rows, out, scale,
