@@ -3,14 +3,17 @@
 Modes: donation copy vs transfer, overlap, the cache off, and the slot ledger on (an instrumentation
 sink: every slot event with the checksum of the bytes it wrote or read; "+ refs" adds the cold
 reference state of every donated prefix, which attribution uses). Workload: 48 requests over 6 shared
-130-token prefixes plus 1-40 private tokens, 8 generated tokens each (``--max-tokens``), arriving 2 per step. Prints a table (requests/s, generated tokens/s, hit rate) and writes JSON.
+130-token prefixes plus 1-40 private tokens, 8 generated tokens each (``--max-tokens``), arriving 2 per
+step. Prints a table (requests/s, generated tokens/s, hit rate) and writes JSON.
 Each mode runs ``--repeats`` times after one discarded warm-up run; the median is reported with the
 spread (max/min - 1). ``--device cuda`` runs every mode on the GPU (real streams).
 
 On the GPU the tiny model's steps are host-bound, so a 2 % difference drowns in the host's noise;
 ``--shape 0.8b --dtype bfloat16 --max-tokens 64`` makes the same workload decode-heavy on the
-Qwen3.5-0.8B-shaped model of ``gpu_engine.py`` (device-bound steps, CUDA graphs), and ``--modes``
-picks the modes to compare (the seeds' claim: the safeguards cost nothing measurable).
+Qwen3.5-0.8B-shaped model of ``gpu_engine.py`` (CUDA-graphed decode steps), and ``--modes`` picks the
+modes to compare (the seeds' claim: the safeguards cost nothing measurable). Its steps are still
+host-bound on the H200 (15-22 ms each: the engine's prefill runs the reference ops there), so the
+spread of repeats is reported beside every ratio.
 Usage: ``python benchmarks/engine_throughput.py [--repeats N] [--device sim|cuda] [--shape tiny|0.8b]
 [--dtype float32|bfloat16] [--max-tokens N] [--modes NAME ...] [--out FILE]``.
 """

@@ -138,7 +138,7 @@ class ModelRunner:
             self.kv.scatter(pages[i], it.start, out.state.keys[:, new], out.state.values[:, new])
             wrote_track = it.track is not None and bool(out.snapshots) and self.track_writer
             if wrote_track:
-                self._write_snapshot(it.track.slot, out.snapshots[-1])
+                self.states.write_snapshot(it.track.slot, out.snapshots[-1])
             if it.sample:
                 token = self._sample(out.logits[-1], it.request, it.start + it.length)
                 batch.sampled[i, 0] = token
@@ -179,7 +179,8 @@ class ModelRunner:
             wrote_track = it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer
             if wrote_track:
                 live = it.live_slot
-                self._write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
+                self.states.write_snapshot(it.track.slot,
+                                           Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
             if self.events.enabled:
                 self._report_writes(batch.index, it, written[r], wrote_track, reads[r])
 
@@ -191,8 +192,9 @@ class ModelRunner:
         self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
                          position=it.start + it.length, checksum=written)
         if wrote_track:
-            self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=it.track.slot,
-                             position=it.track.position, checksum=self.states.checksum(it.track.slot, it.track.position))
+            track = it.track
+            self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=track.slot,
+                             position=track.position, checksum=self.states.checksum(track.slot, track.position))
         if it.tokens is None:
             read_checksum, match = read
             self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read_checksum,
@@ -226,11 +228,6 @@ class ModelRunner:
         conv, rec, pending = self.states.read(it.live_slot, it.start)
         keys, values = self.kv.gather(pages, it.start)
         return SequenceState(it.start, conv, rec, pending, keys, values)
-
-    def _write_snapshot(self, slot: int, snapshot) -> None:
-        self.states.conv[slot].copy_(snapshot.conv)
-        self.states.rec[slot].copy_(snapshot.rec)  # at a 64-multiple: no pending rows
-        self.states.forget_running(slot)
 
     @staticmethod
     def _sample(logits: torch.Tensor, request: Request, position: int) -> int:

@@ -16,7 +16,7 @@ import torch
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device
 from mini_engine.model import ModelConfig, SequenceState
-from mini_engine.model.state import pending_width
+from mini_engine.model.state import Snapshot, pending_width
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.deferred import DeviceDigest
 
@@ -96,6 +96,12 @@ class StateStorage:
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.conv[slot].clone(), self.rec[slot].clone(),
                 self.pending[slot, :, : length % SNAPSHOT_ALIGN].clone())
+
+    def write_snapshot(self, slot: int, snapshot: Snapshot) -> None:
+        """A snapshot slot at a 64-multiple: conv and rec, no pending rows."""
+        self.conv[slot].copy_(snapshot.conv)
+        self.rec[slot].copy_(snapshot.rec)
+        self.forget_running(slot)
 
     def write(self, slot: int, state: SequenceState) -> None:
         self.conv[slot].copy_(state.conv)

@@ -105,7 +105,7 @@ class DecodeModel:
     def __init__(self, model, *, gemm: str = "cublas") -> None:
         if gemm not in DECODE_GEMMS:
             raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
-        self.model, self.gemm = model, gemm
+        self.model = model
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
         self._gemms: dict[int, gemm_ops.GemmConfig] = {}  # id(weight) -> its Triton gemm; absent: inv.linear
@@ -247,8 +247,7 @@ class DecodeGraphs:
 
 
 def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
-                      step: _Step,
-                      n: int) -> torch.Tensor:
+                      step: _Step, n: int) -> torch.Tensor:
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.gated_delta_rule.triton_decode import pending_replay_decode_triton
 
@@ -272,8 +271,7 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
 
 
 def _full_attention(dm: DecodeModel, attn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
-                    step: _Step,
-                    page_table: torch.Tensor, n: int) -> torch.Tensor:
+                    step: _Step, page_table: torch.Tensor, n: int) -> torch.Tensor:
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
 
     qkv = dm.linear(h, in_proj, n)  # [P, q and gates | k | v]

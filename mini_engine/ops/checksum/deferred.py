@@ -1,10 +1,11 @@
 """Checksums on a GPU without stalling the host: the digest stays on the device until the ledger reads it.
 
-``digest(tensor)`` is ``reference.slot_checksum`` as a Python int on the CPU, and on CUDA a
-``DeviceDigest``: the Triton kernel's lane sums ([2] int64, ``triton.checksum_lanes``) and an event on
-the stream that computed them. The instrumentation queues rows holding one and reads a whole batch of
-them back in one copy once their events have completed (``mini_engine.instrument``). ``lanes_value``
-turns lane sums into the digest on the device itself, for a check that must land in a device tensor.
+On CUDA a ledger checksum is a ``DeviceDigest``: the Triton kernel's lane sums ([2] int64,
+``triton.checksum_lanes``; ``rows_lanes`` for the rows of a table) and an event on the stream that
+computed them, the same digest ``reference.slot_checksum`` gives on the CPU. The instrumentation queues
+rows holding one and reads a whole batch of them back in one copy once their events have completed
+(``mini_engine.instrument``). ``lanes_value`` turns lane sums into the digest on the device itself, for
+a check that must land in a device tensor.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from mini_engine.instrument import Deferred
-from mini_engine.ops.checksum.reference import _MASK32, slot_checksum
+from mini_engine.ops.checksum.reference import _MASK32
 
-__all__ = ["DeviceDigest", "DigestEquals", "digest", "lanes_of", "lanes_value", "rows_lanes"]
+__all__ = ["DeviceDigest", "DigestEquals", "lanes_value", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
@@ -42,8 +43,10 @@ class DeviceDigest(Deferred):
 
     @classmethod
     def resolve_all(cls, values: list[DeviceDigest]) -> list:
-        host = torch.stack([v.lanes for v in values]).tolist()  # one copy for the batch
-        return [v.finish(((a & _MASK32) << 32) | (b & _MASK32)) for v, (a, b) in zip(values, host)]
+        from mini_engine.ops.checksum.triton import digests
+
+        lanes = torch.stack([v.lanes for v in values])  # one copy back for the batch
+        return [v.finish(d) for v, d in zip(values, digests(lanes))]
 
 
 class DigestEquals(DeviceDigest):
@@ -55,14 +58,6 @@ class DigestEquals(DeviceDigest):
 
     def finish(self, value: int) -> bool:
         return value == self.expected
-
-
-def lanes_of(tensor: torch.Tensor) -> torch.Tensor:
-    """Lane sums [2] int64 of a CUDA tensor's bytes (a whole number of 32-bit words); one launch, no sync."""
-    from mini_engine.ops.checksum.triton import checksum_lanes
-
-    pool = tensor.detach().contiguous().reshape(1, -1)
-    return checksum_lanes(pool=pool, slots=torch.zeros(1, dtype=torch.int32, device=tensor.device))[0]
 
 
 def rows_lanes(table: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -81,9 +76,3 @@ def lanes_value(lanes: torch.Tensor) -> torch.Tensor:
     """The 64-bit digests of lane sums [..., 2], as int64 device values (two's complement above 2^63)."""
     return ((lanes[..., 0] & _MASK32) << 32) | (lanes[..., 1] & _MASK32)
 
-
-def digest(tensor: torch.Tensor) -> int | DeviceDigest:
-    """The ledger's checksum of ``tensor``: an int on the CPU, a ``DeviceDigest`` on CUDA."""
-    if tensor.is_cuda:
-        return DeviceDigest(lanes_of(tensor))
-    return slot_checksum(tensor)
