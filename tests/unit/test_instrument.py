@@ -61,3 +61,30 @@ def test_without_a_sink_nothing_queues():
     events = Instrumentation()
     events.emit("slot_write", checksum=Landing(1))
     assert events.pending == 0
+
+
+def test_device_digests_resolve_to_the_reference_digests():
+    """The ledger's deferred digests (lane sums of table rows cut to their lengths, as the runner takes them)
+    read back to ``slot_checksum`` of the same bytes, and ``DigestEquals`` compares against a host digest."""
+    import torch
+
+    from mini_engine.ops.checksum import slot_checksum
+    from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, lanes_value, rows_lanes
+
+    class Done:  # an event that has completed
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+    table = torch.randint(0, 1 << 30, (3, 5), generator=torch.Generator().manual_seed(4), dtype=torch.int32)
+    lengths = [5, 2, 0]
+    lanes = rows_lanes(table, torch.tensor(lengths, dtype=torch.int32))
+    want = [slot_checksum(row[:n]) for row, n in zip(table, lengths)]
+    digests = [DeviceDigest(lanes[r], Done()) for r in range(3)]
+    assert all(d.ready() for d in digests) and DeviceDigest.resolve_all(digests) == want
+    equals = [DigestEquals(lanes[0], want[0], Done()), DigestEquals(lanes[1], want[0], Done())]
+    assert DigestEquals.resolve_all(equals) == [True, False]
+    whole = rows_lanes(table)
+    assert [v & ((1 << 64) - 1) for v in lanes_value(whole).tolist()] == [slot_checksum(row) for row in table]
