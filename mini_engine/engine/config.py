@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from mini_engine.constants import DECODE_GEMMS, SNAPSHOT_ALIGN
 from mini_engine.faults import parse_faults
 
-__all__ = ["DECODE_KERNELS", "DONATE_POLICIES", "DTYPES", "EngineConfig"]
+__all__ = ["DONATE_POLICIES", "DTYPES", "KERNEL_CHOICES", "EngineConfig"]
 
 DONATE_POLICIES = ("copy", "transfer")
-DECODE_KERNELS = ("auto", "reference", "triton")
+KERNEL_CHOICES = ("auto", "reference", "triton")  # decode_kernels and prefill_kernels
 DTYPES = ("float32", "bfloat16")
 
 
@@ -40,6 +40,11 @@ class EngineConfig:
     # "triton" through model.decode.decode_step (the kernels, on the pools in place; needs a GPU or
     # TRITON_INTERPRET=1), "auto": triton on cuda, reference on the sim.
     decode_kernels: str = "auto"
+    # How the sequence ops of a forward through HybridModel.forward (prefills; decode steps too with the
+    # reference decode) run: "reference" (the float32 references), "triton" (the kernels, reading the
+    # packed state; needs a GPU or TRITON_INTERPRET=1: ``mini_engine.model.kernels``), "auto": triton on
+    # cuda, reference on the sim.
+    prefill_kernels: str = "auto"
     cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
     decode_gemm: str = "cublas"  # the triton decode's 16-bit projections (constants.DECODE_GEMMS)
     # The projections' weights (linear layers, embedding, head) and gemm inputs; the residual stream,
@@ -78,18 +83,28 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
         if self.decode_gemm not in DECODE_GEMMS:
             raise ValueError(f"EngineConfig.decode_gemm={self.decode_gemm!r}; allowed: {DECODE_GEMMS}")
-        if self.decode_kernels not in DECODE_KERNELS:
-            raise ValueError(f"EngineConfig.decode_kernels={self.decode_kernels!r}; allowed: {DECODE_KERNELS}")
-        if self.decode_path == "triton" and self.device == "sim" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("EngineConfig.decode_kernels='triton' on the sim needs TRITON_INTERPRET=1 in the "
-                             "environment (set before triton is imported); or use decode_kernels='reference'")
+        for name in ("decode_kernels", "prefill_kernels"):
+            choice = getattr(self, name)
+            if choice not in KERNEL_CHOICES:
+                raise ValueError(f"EngineConfig.{name}={choice!r}; allowed: {KERNEL_CHOICES}")
+            if choice == "triton" and self.device == "sim" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError(f"EngineConfig.{name}='triton' on the sim needs TRITON_INTERPRET=1 in the "
+                                 f"environment (set before triton is imported); or use {name}='reference'")
 
     @property
     def decode_path(self) -> str:
         """"reference" or "triton": ``decode_kernels`` with "auto" resolved for the device."""
-        if self.decode_kernels == "auto":
+        return self._resolve(self.decode_kernels)
+
+    @property
+    def prefill_path(self) -> str:
+        """"reference" or "triton": ``prefill_kernels`` with "auto" resolved for the device."""
+        return self._resolve(self.prefill_kernels)
+
+    def _resolve(self, choice: str) -> str:
+        if choice == "auto":
             return "triton" if self.device == "cuda" else "reference"
-        return self.decode_kernels
+        return choice
 
     @property
     def bit_exact(self) -> bool:
@@ -102,8 +117,10 @@ class EngineConfig:
         False with the Triton decode anywhere: its kernels are batch-invariant, but a position computed
         by a decode step (a reply a follow-up turn restores) gets other bits than the same position
         computed by a prefill (its cold run). There only greedy tokens and the copies' own checksums
-        compare exactly. False in bfloat16 (the oracle's exactness is a float32 property)."""
-        return self.device == "sim" and self.decode_path == "reference" and self.dtype == "float32"
+        compare exactly. False with the Triton prefill (no test holds the interpreter's kernels to bits).
+        False in bfloat16 (the oracle's exactness is a float32 property)."""
+        return (self.device == "sim" and self.decode_path == self.prefill_path == "reference"
+                and self.dtype == "float32")
 
     def has_fault(self, name: str) -> bool:
         """Whether the safeguard ``name`` removes is switched off (``name`` must be a known fault)."""

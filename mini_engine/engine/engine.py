@@ -100,7 +100,8 @@ class Engine:
         self.runner = ModelRunner(self.model, self.states, self.kv, self.device, self.compute, self.metadata,
                                   self.fences, instrumentation=self.events,
                                   track_writer="track_writer=off" not in config.faults,
-                                  decode_path=config.decode_path, cuda_graphs=config.cuda_graphs,
+                                  decode_path=config.decode_path, prefill_path=config.prefill_path,
+                                  cuda_graphs=config.cuda_graphs,
                                   decode_gemm=config.decode_gemm)
         self.requests: dict[str, Request] = {}
         self.steps = 0
@@ -254,7 +255,7 @@ class Engine:
         if media:
             positions = (ids == self.tokenizer.media_token_id).nonzero().flatten()
             rows = (positions, torch.stack([media_features(m) for m in media[: len(positions)]]))
-        state = self.model([ids], [self.model.new_state()], media=[rows])[0].state
+        state = self.model([ids], [self.model.new_state()], media=[rows], kernels=self.config.prefill_path)[0].state
         return slot_checksum(torch.cat([state.conv.reshape(-1), state.rec.reshape(-1), state.pending.reshape(-1)]))
 
     # -- internals ---------------------------------------------------------------------------

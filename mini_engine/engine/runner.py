@@ -59,13 +59,14 @@ class ModelRunner:
     def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
                  stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences, *,
                  instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference",
-                 cuda_graphs: bool = False, decode_gemm: str = "cublas") -> None:
+                 prefill_path: str = "reference", cuda_graphs: bool = False, decode_gemm: str = "cublas") -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
         if decode_path not in ("reference", "triton"):
             raise ValueError(f"decode_path must be 'reference' or 'triton'; got {decode_path!r}")
         self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
+        self.prefill_path = prefill_path  # HybridModel.forward's kernels
         self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
         self.decode_model = DecodeModel(model, gemm=decode_gemm) if decode_path == "triton" else None
         self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token)
@@ -131,7 +132,7 @@ class ModelRunner:
         tokens = [it.tokens if it.tokens is not None else self.states.next_token[it.live_slot].reshape(1).clone()
                   for it in items]
         states = [self._gather(it, pages[i]) for i, it in zip(indices, items)]
-        outputs = self.model(tokens, states, media=[_media_rows(it) for it in items])
+        outputs = self.model(tokens, states, media=[_media_rows(it) for it in items], kernels=self.prefill_path)
         for i, it, out in zip(indices, items, outputs):
             self.states.write(it.live_slot, out.state)
             new = slice(it.start, it.start + it.length)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_engine.model import kernels as ops
 from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import ModelConfig
 from mini_engine.model.layers import OffsetRMSNorm, Rotary, new_linear
 from mini_engine.ops import invariant as inv
-from mini_engine.ops.attention import attention_with_prefix
 
 __all__ = ["GatedAttention"]
 
@@ -32,8 +32,9 @@ class GatedAttention(nn.Module):
         self.rotary = Rotary(c)
 
     def forward(self, h: torch.Tensor, batch: PackedBatch, past_keys: list[torch.Tensor],
-                past_values: list[torch.Tensor]):
-        """past_*: per sequence [start, Hkv, D]. Returns (output, new keys, new values) with new K/V [N, Hkv, D]."""
+                past_values: list[torch.Tensor], kernels: str = "reference"):
+        """past_*: per sequence [start, Hkv, D]. Returns (output, new keys, new values) with new K/V [N, Hkv, D].
+        ``kernels``: the attention's implementation (``mini_engine.model.kernels``)."""
         n = h.shape[0]
         q, gate = inv.linear(h, self.q_proj.weight).reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
         positions = batch.positions.to(h.device)
@@ -44,6 +45,6 @@ class GatedAttention(nn.Module):
         values = torch.cat([t for i in range(batch.size) for t in (past_values[i], v[batch.rows(i)])])
         key_lengths = [batch.starts[i] + batch.lengths[i] for i in range(batch.size)]
         cu_k = torch.tensor([0, *torch.tensor(key_lengths).cumsum(0).tolist()])
-        out = attention_with_prefix(q=q, k=keys, v=values, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_k)
+        out = ops.attention(kernels, q=q, k=keys, v=values, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_k)
         out = out.reshape(n, self.hq * self.d) * inv.sigmoid(gate.reshape(n, self.hq * self.d))
         return inv.linear(out, self.o_proj.weight), k, v

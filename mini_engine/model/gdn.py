@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mini_engine.model import kernels as ops
 from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import SNAPSHOT_ALIGN, ModelConfig
 from mini_engine.model.layers import GatedRMSNorm, new_linear
 from mini_engine.ops import invariant as inv
-from mini_engine.ops.causal_conv1d import causal_conv1d
 from mini_engine.ops.gated_delta_rule import chunk_gated_delta_rule
 
 __all__ = ["GatedDeltaNet", "LinearLayerState"]
@@ -54,11 +54,11 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps)
         self.out_proj = new_linear(self.value_dim, c.hidden_size)
 
-    def _prepare(self, h: torch.Tensor, batch: PackedBatch, conv_state: torch.Tensor):
+    def _prepare(self, h: torch.Tensor, batch: PackedBatch, conv_state: torch.Tensor, kernels: str = "reference"):
         """Projections and conv: returns prepared rows [N, pending_width], the gate z, conv results."""
         mixed = inv.linear(h, self.in_proj_qkv.weight)
-        conv = causal_conv1d(x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
-                             initial_state=conv_state, activation="silu")
+        conv = ops.conv(kernels, x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
+                        initial_state=conv_state)
         q, k, v = conv.output.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = inv.l2_normalize(q.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
         k = inv.l2_normalize(k.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
@@ -77,12 +77,13 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(-1, self.hk, self.dk), k.reshape(-1, self.hk, self.dk),
                 v.reshape(-1, self.hv, self.dv), g, beta)
 
-    def forward(self, h: torch.Tensor, batch: PackedBatch, state: LinearLayerState):
-        rows, z, mixed, conv_final = self._prepare(h, batch, state.conv)
+    def forward(self, h: torch.Tensor, batch: PackedBatch, state: LinearLayerState, kernels: str = "reference"):
+        """``kernels``: the sequence ops' implementation (``mini_engine.model.kernels``)."""
+        rows, z, mixed, conv_final = self._prepare(h, batch, state.conv, kernels)
         aligned = [torch.cat([state.pending[i], rows[batch.rows(i)]]) for i in range(batch.size)]
         cu = torch.tensor([0, *torch.tensor([a.shape[0] for a in aligned]).cumsum(0).tolist()])
         q, k, v, g, beta = self._split(torch.cat(aligned))
-        result = chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, initial_state=state.rec)
+        result = ops.gated_delta_rule(kernels, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, initial_state=state.rec)
         outputs, new_rec, new_pending, boundary_conv = [], [], [], []
         for i in range(batch.size):
             n_pending, n_total = state.pending[i].shape[0], aligned[i].shape[0]

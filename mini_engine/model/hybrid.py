@@ -16,6 +16,7 @@ from mini_engine.model.attention import GatedAttention
 from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN, ModelConfig
 from mini_engine.model.gdn import GatedDeltaNet, LinearLayerState
+from mini_engine.model.kernels import check_kernels
 from mini_engine.model.layers import OffsetRMSNorm, SwiGLU, new_linear
 from mini_engine.model.media import MediaProjector
 from mini_engine.model.state import SequenceState, Snapshot
@@ -89,11 +90,14 @@ class HybridModel(nn.Module):
 
     @torch.no_grad()
     def forward(self, tokens: list[torch.Tensor], states: list[SequenceState], *,
-                all_logits: bool = False, media: list[MediaRows | None] | None = None) -> list[StepOutput]:
+                all_logits: bool = False, media: list[MediaRows | None] | None = None,
+                kernels: str = "reference") -> list[StepOutput]:
         """Advance each sequence by its new ``tokens`` (1-D long tensors) from its ``state``.
 
         ``media[i]``, if given, replaces the embeddings of sequence i's placeholder rows with the
-        projection of their media features."""
+        projection of their media features. ``kernels``: "reference" or "triton", the implementation of
+        the conv, gated delta rule and attention (``mini_engine.model.kernels``)."""
+        check_kernels(kernels)
         if len(tokens) != len(states) or (media is not None and len(media) != len(tokens)):
             raise ValueError(f"{len(tokens)} token tensors for {len(states)} states"
                              + ("" if media is None else f" and {len(media)} media entries"))
@@ -106,7 +110,7 @@ class HybridModel(nn.Module):
         x = self._embed(tokens, batch, media)
         linear_out, kv_out = [], []
         for layer in self.model.layers:
-            x, produced = self._layer(layer, x, batch, states, len(linear_out), len(kv_out))
+            x, produced = self._layer(layer, x, batch, states, len(linear_out), len(kv_out), kernels)
             (linear_out if layer.layer_type == LINEAR else kv_out).append(produced)
         x = self.model.norm(x)
         picks = [batch.rows(i) if all_logits else slice(batch.rows(i).stop - 1, batch.rows(i).stop)
@@ -125,16 +129,16 @@ class HybridModel(nn.Module):
                 x[batch.rows(i).start + rows] = self.media_projector(features.to(self.device))
         return x
 
-    def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int):
+    def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int, kernels: str):
         h = layer.input_layernorm(x)
         if layer.layer_type == LINEAR:
             state = LinearLayerState(torch.stack([s.conv[lin_idx] for s in states]),
                                      torch.stack([s.rec[lin_idx] for s in states]),
                                      [s.pending[lin_idx] for s in states])
-            out, produced = layer.linear_attn(h, batch, state)
+            out, produced = layer.linear_attn(h, batch, state, kernels)
         else:
             out, k, v = layer.self_attn(h, batch, [s.keys[full_idx] for s in states],
-                                        [s.values[full_idx] for s in states])
+                                        [s.values[full_idx] for s in states], kernels)
             produced = (k, v)
         x = x + out
         return x + layer.mlp(layer.post_attention_layernorm(x)), produced

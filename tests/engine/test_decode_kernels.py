@@ -1,12 +1,16 @@
 """The engine with ``decode_kernels="triton"`` (decode steps on the pools through the Triton kernels, in the
-interpreter here) against the reference decode: same greedy tokens, cold and on hits, and the
-safeguards' ledger still sees every write."""
+interpreter here) or ``prefill_kernels="triton"`` (HybridModel.forward's sequence ops through them) against
+the references: same greedy tokens, cold and on hits, and the safeguards' ledger still sees every write."""
 
+import dataclasses
 import random
 
 import pytest
 
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
+from mini_engine.model import HybridModel
+from mini_engine.model.builtin import builtin_config, init_weights
+from mini_engine.model.config import FULL, LINEAR
 
 
 def _conversation(config: EngineConfig, model, rows=None) -> list[list[int]]:
@@ -22,6 +26,12 @@ def _conversation(config: EngineConfig, model, rows=None) -> list[list[int]]:
             engine.submit(follow[:70], SamplingParams(max_tokens=4, temperature=0.8, seed=4))]
     engine.run()
     return [list(reply)] + [list(engine.result(r).output_ids) for r in rids]
+
+
+@pytest.fixture(scope="module")
+def two_layer_model():
+    """tiny-random cut to one layer of each kind: the interpreter costs ~0.5 s per Triton layer and forward."""
+    return init_weights(HybridModel(dataclasses.replace(builtin_config("tiny-random"), layer_types=(LINEAR, FULL))))
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +65,36 @@ def test_triton_decode_writes_decode_crossed_snapshots(runs):
     assert any(r["type"] == "restore" and r.get("position") == 64 for r in rows)
 
 
-def test_config_names_decode_kernels(monkeypatch):
-    with pytest.raises(ValueError, match="decode_kernels"):
-        EngineConfig(decode_kernels="fast")
+@pytest.mark.parametrize("name", ["decode_kernels", "prefill_kernels"])
+def test_config_names_the_kernels(monkeypatch, name):
+    with pytest.raises(ValueError, match=f"{name}='fast'"):
+        EngineConfig(**{name: "fast"})
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        EngineConfig(decode_kernels="triton")
-    assert EngineConfig().decode_path == "reference" and EngineConfig().bit_exact
+    with pytest.raises(ValueError, match=f"{name}='triton' on the sim needs TRITON_INTERPRET=1"):
+        EngineConfig(**{name: "triton"})
+    config = EngineConfig()
+    assert config.decode_path == config.prefill_path == "reference" and config.bit_exact
 
 
-def test_triton_decode_is_not_bit_exact():
-    config = EngineConfig(decode_kernels="triton")
-    assert config.decode_path == "triton" and not config.bit_exact
+@pytest.mark.parametrize("name", ["decode_kernels", "prefill_kernels"])
+def test_triton_kernels_are_not_bit_exact(name):
+    config = EngineConfig(**{name: "triton"})
+    assert (config.decode_path if name == "decode_kernels" else config.prefill_path) == "triton"
+    assert not config.bit_exact
+
+
+def test_auto_kernels_are_triton_on_cuda():
+    config = EngineConfig(device="cuda")
+    assert config.decode_path == config.prefill_path == "triton"
+    assert EngineConfig(device="cuda", prefill_kernels="reference").prefill_path == "reference"
+
+
+def test_triton_prefill_gives_the_reference_tokens(two_layer_model):
+    """Prefills (and decode steps) through HybridModel.forward with the Triton kernels: the same greedy
+    tokens as the references, cold and on the hits, and the ledger sees the snapshots they wrote."""
+    rows = []
+    want = _conversation(EngineConfig(max_context=512), two_layer_model)
+    got = _conversation(EngineConfig(max_context=512, prefill_kernels="triton"), two_layer_model, rows)
+    assert got == want and got[2] == got[0]
+    assert any(r["type"] == "snapshot_write" and r["position"] == 64 for r in rows)
+    assert any(r["type"] == "restore" and r.get("position") == 64 for r in rows)

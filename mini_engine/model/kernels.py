@@ -1,0 +1,71 @@
+"""The sequence ops of a stateful forward, by implementation: the float32 references or the Triton kernels.
+
+``HybridModel.forward(kernels=...)`` picks, for the three ops that walk a sequence (the causal conv,
+the chunked gated delta rule, attention over a prefix), either ``"reference"`` (``mini_engine.ops.*.
+reference``: any device, the specification; on a GPU it is hundreds of small launches per layer,
+driven from Python) or ``"triton"`` (the kernels held to those references: a few launches per layer,
+on a GPU or under ``TRITON_INTERPRET=1``). Projections, norms and activations are the same in both.
+
+Both keep the exactness contract of DESIGN.md §3: the conv is per token, the gated delta rule's
+chunks start on absolute 64-boundaries, and attention visits keys in 64-key tiles from position 0;
+a program covers one sequence (and head), so a row's result does not depend on the rest of the batch.
+The two give the same values to rounding, not the same bits: an engine uses one for every forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mini_engine.ops.attention import attention_with_prefix
+from mini_engine.ops.causal_conv1d import ConvResult, causal_conv1d
+from mini_engine.ops.gated_delta_rule import GdnResult, chunk_gated_delta_rule
+
+__all__ = ["KERNELS", "attention", "check_kernels", "conv", "gated_delta_rule"]
+
+KERNELS = ("reference", "triton")
+
+
+def check_kernels(kernels: str) -> None:
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}; got {kernels!r}")
+
+
+def conv(kernels: str, *, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor,
+         initial_state: torch.Tensor) -> ConvResult:
+    """Depthwise causal conv with SiLU over a packed batch (``causal_conv1d``)."""
+    if kernels == "triton":
+        from mini_engine.ops.causal_conv1d.triton import causal_conv1d as conv_triton
+
+        return conv_triton(x=x, weight=weight, cu_seqlens=cu_seqlens, initial_state=initial_state, activation="silu")
+    return causal_conv1d(x=x, weight=weight, cu_seqlens=cu_seqlens, initial_state=initial_state, activation="silu")
+
+
+def gated_delta_rule(kernels: str, *, q, k, v, g, beta, cu_seqlens: torch.Tensor,
+                     initial_state: torch.Tensor) -> GdnResult:
+    """The chunked gated delta rule with the state after every full chunk (``chunk_gated_delta_rule``);
+    ``cu_seqlens`` on the host."""
+    if kernels == "triton":
+        from mini_engine.ops.gated_delta_rule.triton import chunk_gated_delta_rule_triton
+
+        return chunk_gated_delta_rule_triton(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
+                                             initial_state=initial_state)
+    return chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state)
+
+
+def attention(kernels: str, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+              cu_seqlens_k: torch.Tensor) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its keys, packed (``attention_with_prefix``;
+    offsets on the host). The Triton form reads the packed keys as a paged cache of one-position pages
+    whose page table names each sequence's rows, so the same kernel serves the engine's pages and this."""
+    if kernels != "triton":
+        return attention_with_prefix(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    from mini_engine.ops.attention.triton import paged_prefill_attention
+
+    key_lengths = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    query_lengths = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    width = int(key_lengths.max())
+    table = (cu_seqlens_k[:-1, None] + torch.arange(width)[None]).clamp(max=k.shape[0] - 1).to(torch.int32)
+    k_pages, v_pages = (t.reshape(t.shape[0], 1, *t.shape[1:]) for t in (k, v))
+    return paged_prefill_attention(q=q.contiguous(), k_cache=k_pages, v_cache=v_pages,
+                                   page_table=table.to(q.device, non_blocking=True), cu_seqlens_q=cu_seqlens_q,
+                                   seq_lens=key_lengths, max_seqlen_q=int(query_lengths.max()))
