@@ -73,7 +73,7 @@ def _attend(q, k_ptr, v_ptr, table_row, kv_head, key_lo, key_hi, n_keys, query_p
     return acc, running_max, denom
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"])  # the page table's width varies by call: one compile for all
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, table_ptr, cu_q_ptr, lens_ptr, out_ptr, scale, head_dim,
                     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                     stride_tb, stride_ot, stride_oh,

@@ -83,7 +83,7 @@ def _sequence_of(t, cu_ptr, n_seq, steps):
     return lo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tokens", "n_seq", "steps"])  # per batch: one compile for all
 def _prefill_kernel(x_ptr, w_ptr, out_ptr, state_ptr, slot_ptr, cu_ptr, n_tokens, n_channels, n_seq, steps,
                     stride_xt, stride_xc, stride_wc, stride_wi, stride_ot, stride_oc,
                     stride_ss, stride_sc, stride_si,

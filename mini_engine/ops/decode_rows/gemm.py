@@ -36,7 +36,7 @@ class GemmConfig(NamedTuple):
     split_k: int = 1  # K in this many fixed parts, their float32 partial sums added in a fixed order
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_live"])  # one compile for every batch size
 def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
     """Rows tile_m, columns tile_n, K part ``part`` (of K_PART columns); with SPLIT > 1 ``out`` is the float32

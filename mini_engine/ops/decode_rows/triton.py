@@ -92,7 +92,7 @@ def _gdn_rows_kernel(conv, conv_stride, a, b, ab_stride, A_log, dt_bias, out, pe
             tl.store(kept + gates + HV + h, beta)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])  # one compile for every batch size
 def _gated_rms_norm_kernel(core, z, z_stride, weight, out, out_stride, batch, HV, eps,
                            DV: tl.constexpr, BLOCK: tl.constexpr):
     """Program (row, value head); a padding row (past the batch) loads zeros and so stores zeros."""
@@ -135,7 +135,7 @@ def _qk_norm_rope_kernel(qkv, qkv_stride, positions, q_weight, k_weight, inv_fre
     tl.store(dst + d, tl.where(rotated, turned, y), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch"])  # one compile for every batch size
 def _sigmoid_mul_kernel(attn, qkv, qkv_stride, out, out_stride, batch, HQ, D: tl.constexpr, BLOCK_D: tl.constexpr):
     """Program (row, query head); a padding row loads zeros and so stores zeros."""
     r, h = tl.program_id(0).to(tl.int64), tl.program_id(1)

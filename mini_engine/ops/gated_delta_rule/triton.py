@@ -329,15 +329,22 @@ def _plan_chunks(starts: list[int], lengths: list[int]) -> _ChunkPlan:
     return _ChunkPlan(chunk_row0, chunk_rows, [0, *accumulate(full)][:-1], full)
 
 
+_TABLE_ALIGN = 4  # int32s: every table starts 16 bytes into the upload, as Triton's pointer specialisation wants
+
+
 @functools.lru_cache(maxsize=64)
-def _chunk_tables(cu_seqlens: tuple[int, ...], device: torch.device) -> tuple[_ChunkPlan, torch.Tensor]:
-    """The plan of a packed batch and its int32 tables on the device, uploaded once per batch layout
-    (every layer of a forward, and every decode step of one batch size, reuses them; kernels only read them)."""
+def _chunk_tables(cu_seqlens: tuple[int, ...], device: torch.device) -> tuple[_ChunkPlan, tuple[torch.Tensor, ...]]:
+    """The plan of a packed batch and its int32 tables on the device (chunk_row0, chunk_rows, seq_row0, seq_len,
+    seq_first_boundary), uploaded once per batch layout (every layer of a forward, and every decode step of one
+    batch size, reuses them; kernels only read them). Each table starts on a 16-byte boundary: a pointer's
+    alignment is part of a Triton kernel's compile key, so any layout reuses the compiled kernels."""
     starts, lengths = list(cu_seqlens[:-1]), [b - a for a, b in zip(cu_seqlens, cu_seqlens[1:])]
     plan = _plan_chunks(starts, lengths)
-    tables = torch.tensor(plan.chunk_row0 + plan.chunk_rows + starts + lengths + plan.seq_first_boundary,
+    parts = (plan.chunk_row0, plan.chunk_rows, starts, lengths, plan.seq_first_boundary)
+    widths = [-(-len(p) // _TABLE_ALIGN) * _TABLE_ALIGN for p in parts]
+    upload = torch.tensor([v for p, w in zip(parts, widths) for v in (*p, *[0] * (w - len(p)))],
                           device=device, dtype=torch.int32)
-    return plan, tables
+    return plan, tuple(t[: len(p)] for t, p in zip(upload.split(widths), parts))
 
 
 class _Prepared(NamedTuple):
@@ -407,11 +414,10 @@ def chunk_gated_delta_rule_triton(
         raise ValueError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     config = config or _default_walk_config(n_seq * hv, v_dim, q.device, q.dtype)
     scale = k_dim**-0.5 if scale is None else scale
-    plan, tables = _chunk_tables(tuple(cu_seqlens.tolist()), q.device)
+    plan, (chunk_row0, chunk_rows, seq_row0, seq_len, seq_first_boundary) = _chunk_tables(
+        tuple(cu_seqlens.tolist()), q.device)
     source, source_rows = _initial_source(initial_state, state_pool, state_indices, n_seq, state_shape[1:], q.device)
     boundary = _boundary_buffer(boundary_out, sum(plan.full_chunks), state_shape[1:], q.device)
-    chunk_row0, chunk_rows, seq_row0, seq_len, seq_first_boundary = tables.split(
-        [len(plan.chunk_row0), len(plan.chunk_rows), n_seq, n_seq, n_seq])
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     prepared = _prepare_chunks(q, k, v, g, beta, chunk_row0, chunk_rows, scale)
     final = torch.empty(state_shape, device=q.device, dtype=torch.float32)
