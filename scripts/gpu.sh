@@ -8,7 +8,7 @@
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
 #   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
 #              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
-#              off, the ledger on)
+#              off, the ledger on, the reference prefill)
 #   kernels    benchmarks/gdn_kernels.py and benchmarks/small_kernels.py
 #
 # Runs from a plain checkout (PYTHONPATH, no install: the GPU machine has torch, triton, transformers
@@ -47,7 +47,8 @@ case "$part" in
     engine)
         step 300 gpu_engine python3 benchmarks/gpu_engine.py --variants graphs graphs-bf16 --out "$out/gpu_engine.json"
         step 240 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+            --max-tokens 64 --repeats 5 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+            "copy, overlap, reference prefill" \
             --out "$out/engine_throughput_cuda_08b.json" ;;
     kernels)
         step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"  # fla: carry fla-core

@@ -14,6 +14,8 @@ The two give the same values to rounding, not the same bits: an engine uses one 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mini_engine.ops.attention import attention_with_prefix
@@ -61,11 +63,19 @@ def attention(kernels: str, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return attention_with_prefix(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     from mini_engine.ops.attention.triton import paged_prefill_attention
 
-    key_lengths = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    table, key_lengths = _one_position_pages(tuple(cu_seqlens_k.tolist()), q.device)
     query_lengths = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    width = int(key_lengths.max())
-    table = (cu_seqlens_k[:-1, None] + torch.arange(width)[None]).clamp(max=k.shape[0] - 1).to(torch.int32)
     k_pages, v_pages = (t.reshape(t.shape[0], 1, *t.shape[1:]) for t in (k, v))
-    return paged_prefill_attention(q=q.contiguous(), k_cache=k_pages, v_cache=v_pages,
-                                   page_table=table.to(q.device, non_blocking=True), cu_seqlens_q=cu_seqlens_q,
-                                   seq_lens=key_lengths, max_seqlen_q=int(query_lengths.max()))
+    return paged_prefill_attention(q=q.contiguous(), k_cache=k_pages, v_cache=v_pages, page_table=table,
+                                   cu_seqlens_q=cu_seqlens_q, seq_lens=key_lengths,
+                                   max_seqlen_q=int(query_lengths.max()))
+
+
+@functools.lru_cache(maxsize=8)
+def _one_position_pages(cu_seqlens_k: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The page table [B, longest] int32 (row b: sequence b's rows of the packed keys) and the key counts [B]
+    on ``device``, built and uploaded once per batch layout: every attention layer of a forward shares them."""
+    cu = torch.tensor(cu_seqlens_k)
+    lengths = cu[1:] - cu[:-1]
+    table = (cu[:-1, None] + torch.arange(int(lengths.max()))[None]).clamp(max=max(cu_seqlens_k[-1] - 1, 0))
+    return table.to(device=device, dtype=torch.int32), lengths.to(device)
