@@ -1,5 +1,5 @@
 """``HybridModel.forward(kernels="triton")``: the conv, gated delta rule and attention through the Triton
-kernels (in the interpreter here, on a two-layer model: the interpreter costs ~0.5 s a layer and forward)
+kernels (in the interpreter here, on two-layer models: the interpreter costs ~0.5 s a layer and forward)
 give the reference's values to rounding, and keep the exactness contract on their own: a forward split at
 a 64-boundary, or a sequence alone instead of packed, gives the same bits."""
 
@@ -13,9 +13,19 @@ from mini_engine.model.builtin import builtin_config, init_weights
 from mini_engine.model.config import FULL, LINEAR
 
 
-@pytest.fixture(scope="module")
-def model():
-    return init_weights(HybridModel(dataclasses.replace(builtin_config("tiny-random"), layer_types=(LINEAR, FULL))))
+SHAPES = {
+    "tiny": {},
+    # the head sizes of Qwen3.5-0.8B (linear K = V = 128, attention head_dim 256 with GQA), few heads
+    "0.8b-heads": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                       linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
+                       linear_value_head_dim=128),
+}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def model(request):
+    config = dataclasses.replace(builtin_config("tiny-random"), layer_types=(LINEAR, FULL), **SHAPES[request.param])
+    return init_weights(HybridModel(config))
 
 
 @pytest.fixture(scope="module")
