@@ -12,6 +12,9 @@ Each mode runs ``--repeats`` times after a discarded warm-up run of each, the mo
 round; the median time is reported with the spread (max/min - 1), and each mode's time against the
 base (the first mode) as the median of the rounds' paired ratios with the lowest and highest: a round's
 drift hits both sides of its ratio. ``--device cuda`` runs every mode on the GPU (real streams).
+Each run also counts the safeguards' own work (``_safeguard_work``): the clones of copy-on-donate and
+their bytes, the barriers' waits, the metadata fence's readbacks and the host time they blocked (an
+upper bound of the fence's cost); the base's median run is printed.
 
 On the GPU the tiny model's steps are host-bound, so a 2 % difference drowns in the host's noise;
 ``--shape 0.8b --dtype bfloat16 --max-tokens 64`` makes the same workload decode-heavy on the
@@ -70,16 +73,25 @@ def run(model, options: dict, device: str = "sim", dtype: str = "float32", max_t
     gc.collect()
     gc.disable()  # as timeit does: a collection inside one mode's run is noise, not that mode's cost
     try:
-        first_step, started = engine.steps, time.perf_counter()
+        first_step, before, started = engine.steps, _safeguard_work(engine), time.perf_counter()
         ids = _serve(engine, workload(), max_tokens)
         elapsed = time.perf_counter() - started
     finally:
         gc.enable()
+    work = {k: v - before[k] for k, v in _safeguard_work(engine).items()}
     results = [engine.result(r) for r in ids]
     generated = sum(len(r.output_ids) for r in results)
     return {"seconds": elapsed, "requests": len(ids), "generated": generated,
             "hit_rate": sum(r.cached_tokens > 0 for r in results) / len(ids), "steps": engine.steps - first_step,
-            "ledger_rows": None if rows is None else len(rows)}
+            "ledger_rows": None if rows is None else len(rows), "safeguard_work": work}
+
+
+def _safeguard_work(engine: Engine) -> dict:
+    """The safeguards' own work so far: copy-on-donate's clones and their bytes, the barriers' waits (slot
+    fences: waits queued on events not yet passed), the metadata fence's readbacks and the host time they
+    blocked (behind everything the copy stream had queued, clones included)."""
+    return {"clones": engine.cache.clones, "clone_bytes": engine.cache.clone_bytes, "waits": engine.fences.waits,
+            "readbacks": engine.metadata.readbacks, "readback_seconds": engine.metadata.readback_seconds}
 
 
 def _serve(engine: Engine, requests, max_tokens: int) -> list[str]:
@@ -130,6 +142,14 @@ def main() -> None:
         print(f"{name:<34}{r['requests'] / r['seconds']:>8.1f}{r['generated'] / r['seconds']:>8.1f}"
               f"{r['hit_rate']:>7.0%}{r['steps']:>7}{r['spread']:>8.1%}   "
               f"{r['ratio']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]")
+    print("the safeguards' own work in the base's median run (a readback's wait includes the copy stream's "
+          "queue and, through its predecessor wait, the forward that last read the buffer: an upper bound of "
+          "the fence's cost; on the sim, whatever device work the wait makes run)")
+    work = sorted(base_runs, key=lambda r: r["seconds"])[len(base_runs) // 2]["safeguard_work"]
+    seconds = statistics.median(r["seconds"] for r in base_runs)
+    print(f"  copy-on-donate: {work['clones']} clones, {work['clone_bytes'] / 1e6:.1f} MB; barriers: "
+          f"{work['waits']} waits queued; metadata fence: {work['readbacks']} readbacks blocking the host "
+          f"{work['readback_seconds'] * 1e3:.1f} ms ({work['readback_seconds'] / seconds:.2%} of the run)")
     rows = {"settings": {**settings, "shape": args.shape, "repeats": args.repeats}, "runs": rows, "summary": summary}
     with open(args.out, "w") as handle:
         json.dump(rows, handle, indent=2)

@@ -58,6 +58,7 @@ class CacheManager:
         self.states, self.device, self.stream, self.events = states, device, stream, instrumentation
         self.copy_stream, self.fences, self.kv = copy_stream, fences, kv
         self.evictions = 0
+        self.clones = self.clone_bytes = 0  # copy-on-donate: slot copies queued, and the bytes they move
         self._restore_rec_off = "restore_rec=off" in config.faults
         self.reference_checksum = None  # (tokens, media) -> int; set by the engine when reference_states
 
@@ -239,6 +240,8 @@ class CacheManager:
         self.device.launch(self.copy_stream, lambda: self._copy_reported("clone_written", clone, source, length),
                            label=f"clone:{source}->{clone}")
         self.fences.after(self.copy_stream, [source, clone])
+        self.clones += 1
+        self.clone_bytes += self.states.nbytes(length)
         self.events.emit("clone", src=source, dst=clone)
         return clone
 

@@ -23,6 +23,7 @@ Shard layout: shard ``r`` holds columns ``[r*w, (r+1)*w)`` of the table, ``w = p
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import NamedTuple
 
 import torch
@@ -74,6 +75,7 @@ class ResidentDecodeMetadata:
         self._clean_keys: list[list[bytes | None]] = [[None] * n_shards for _ in range(n_buffers)]
         self._last_dispatch: list[Event | None] = [None] * n_buffers
         self.uploads = self.readbacks = self.retries = self.clean_skips = 0
+        self.readback_seconds = 0.0  # host time blocked in the fence's readbacks (behind the copy stream's queue)
 
     def prepare(self, buffer: int, table: torch.Tensor) -> PrepareResult:
         """Make ``buffer``'s device shards hold ``table`` for the next kernel; mutates; raises on bad input.
@@ -148,8 +150,10 @@ class ResidentDecodeMetadata:
 
     def _readback_matches(self, buffer: int, shard: int) -> bool:
         staged = self._staging[buffer][shard]
+        started = time.perf_counter()
         landed = self.device.readback(self.copy_stream, self._resident[buffer][shard],
                                       label=f"metadata_readback:b{buffer}s{shard}")
+        self.readback_seconds += time.perf_counter() - started
         self.readbacks += 1
         match = torch.equal(landed, staged)
         if self._instrumented():

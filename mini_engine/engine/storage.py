@@ -72,6 +72,11 @@ class StateStorage:
         return torch.cat([self.conv[slot].reshape(-1), self.rec[slot].reshape(-1),
                           self.pending[slot, :, :rows].reshape(-1)])
 
+    def nbytes(self, length: int) -> int:
+        """The size of ``slot_bytes`` for a state of ``length`` tokens (what a copy of it moves)."""
+        rows = length % SNAPSHOT_ALIGN
+        return self.conv[0].nbytes + self.rec[0].nbytes + self.pending[0, :, :rows].nbytes
+
     def checksum(self, slot: int, length: int) -> int | DeviceDigest:
         """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op)."""
         return self.checksums([slot], [length])[0]

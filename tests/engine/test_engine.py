@@ -337,3 +337,26 @@ def test_bfloat16_projections_serve_hits_with_the_cold_tokens(tiny_model):
     assert tiny_model.projection_dtype == torch.float32 and not engine.config.bit_exact
     assert sum(r.cached_tokens > 0 for r in hot) >= 4
     assert [r.output_ids for r in hot] == [r.output_ids for r in cold]
+
+
+@pytest.mark.parametrize("policy", ["copy", "transfer"])
+def test_the_engine_counts_its_safeguards_work(tiny_model, policy):
+    """copy-on-donate counts each clone and the bytes it moves (the rows in the ledger's clone events); the
+    metadata fence counts its readbacks and the host time they took; transfer and fence=off do neither."""
+    rnd = random.Random(4)
+    prefix = tokens(rnd, 130)
+    faults = () if policy == "copy" else ("metadata_fence=off",)
+    rows = []
+    engine = Engine(EngineConfig(donate_policy=policy, faults=faults), model=tiny_model, sink=rows.append)
+    for n in (3, 20, 70):
+        engine.submit(prefix + tokens(rnd, n), SamplingParams(max_tokens=5))
+    drive(engine)
+    clones = [r for r in rows if r["type"] == "clone_written"]
+    assert engine.cache.clones == len([r for r in rows if r["type"] == "clone"]) == len(clones)
+    assert engine.cache.clone_bytes == sum(engine.states.nbytes(r["position"]) for r in clones)
+    assert all(engine.states.nbytes(n) == engine.states.slot_bytes(1, n).nbytes for n in (0, 64, 70, 127))
+    assert engine.metadata.readbacks == len([r for r in rows if r["type"] == "metadata_readback"])
+    if policy == "copy":
+        assert engine.cache.clones > 0 and engine.metadata.readbacks > 0 and engine.metadata.readback_seconds > 0
+    else:
+        assert engine.cache.clones == engine.metadata.readbacks == 0 and engine.metadata.readback_seconds == 0
