@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | engine | kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | engine | prefill | kernels
 #
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
 #   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda, then
@@ -9,6 +9,7 @@
 #   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
 #              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
 #              off, the ledger on, the reference prefill)
+#   prefill    benchmarks/gpu_prefill.py (the engine's prefill, Triton sequence ops vs the references)
 #   kernels    benchmarks/gdn_kernels.py and benchmarks/small_kernels.py
 #
 # Runs from a plain checkout (PYTHONPATH, no install: the GPU machine has torch, triton, transformers
@@ -16,11 +17,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh tests|exactness|engine|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh tests|exactness|engine|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    tests|exactness|engine|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (tests | exactness | engine | kernels)" >&2; exit 2 ;;
+    tests|exactness|engine|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (tests | exactness | engine | prefill | kernels)" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -50,6 +51,8 @@ case "$part" in
             --max-tokens 64 --repeats 5 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             "copy, overlap, reference prefill" \
             --out "$out/engine_throughput_cuda_08b.json" ;;
+    prefill)
+        step 540 gpu_prefill python3 benchmarks/gpu_prefill.py --out "$out/gpu_prefill.json" ;;
     kernels)
         step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"  # fla: carry fla-core
         step 240 small_kernels python3 benchmarks/small_kernels.py --out "$out/small_kernels.json" ;;
