@@ -21,20 +21,41 @@ _MIX = 0x45D9F3B
 _LANE_OFFSETS = (0x9E3779B1, 0x85EBCA77)
 
 
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    x = ((x ^ (x >> 16)) * _MIX) & _MASK32
-    x = ((x ^ (x >> 16)) * _MIX) & _MASK32
-    return x ^ (x >> 16)
+def _hash32_(x: torch.Tensor) -> torch.Tensor:
+    """``hash32`` of 32-bit values held in int64, in place: x = ((x ^ x >> 16) * MIX) mod 2^32, twice, then
+    x ^ x >> 16."""
+    for _ in range(2):
+        x ^= x >> 16
+        x *= _MIX
+        x &= _MASK32
+    x ^= x >> 16
+    return x
+
+
+_LANE_STEPS: dict[torch.device, torch.Tensor] = {}  # per device: [2, n] of (index * lane offset) mod 2^32
+_KEPT_WORDS = 1 << 20  # the longest kept (16 MiB a device); longer inputs compute theirs each time
+
+
+def _lane_steps(n: int, device: torch.device) -> torch.Tensor:
+    """(index * offset) mod 2^32 for indices 0..n-1 and both lane offsets, [2, n]: kept per device and grown
+    by doubling up to ``_KEPT_WORDS``, since the ledger digests every slot of a pool at the same few lengths."""
+    steps = _LANE_STEPS.get(device)
+    if steps is None or steps.shape[1] < n:
+        width = min(max(n, 2 * (0 if steps is None else steps.shape[1])), _KEPT_WORDS)
+        index = torch.arange(max(n, width), dtype=torch.int64, device=device)
+        steps = torch.stack([(index * offset) & _MASK32 for offset in _LANE_OFFSETS])
+        if n <= _KEPT_WORDS:
+            _LANE_STEPS[device] = steps
+    return steps[:, :n]
 
 
 def checksum_words(words: torch.Tensor) -> int:
-    """Digest of a 1-D int64 tensor of 32-bit words (each in [0, 2^32))."""
-    index = torch.arange(words.numel(), dtype=torch.int64, device=words.device)
-    halves = []
-    for offset in _LANE_OFFSETS:
-        mixed = _hash32((words + index * offset) & _MASK32)
-        halves.append(int(mixed.sum()) & _MASK32)
-    return (halves[0] << 32) | halves[1]
+    """Digest of a 1-D int64 tensor of 32-bit words (each in [0, 2^32)): per lane, the sum mod 2^32 of
+    hash32((word + index * lane offset) mod 2^32); the two lanes' sums are the digest's halves."""
+    mixed = _lane_steps(words.numel(), words.device) + words  # [2, n]: both lanes in one pass
+    mixed &= _MASK32
+    high, low = (_hash32_(mixed).sum(dim=1) & _MASK32).tolist()
+    return (high << 32) | low
 
 
 def slot_checksum(tensor: torch.Tensor) -> int:
