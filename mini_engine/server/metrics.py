@@ -30,6 +30,10 @@ class MetricsSnapshot:
     evictions: int
     fence_retries: int
     finished: dict[str, int]
+    clones: int  # copy-on-donate's slot copies
+    clone_bytes: int
+    fence_readbacks: int
+    fence_readback_seconds: float
 
 
 def read_metrics(engine: Engine, counters: RequestCounters) -> MetricsSnapshot:
@@ -38,7 +42,9 @@ def read_metrics(engine: Engine, counters: RequestCounters) -> MetricsSnapshot:
     finished = {reason: counters.finished[reason] for reason in FINISH_REASONS}
     return MetricsSnapshot(len(engine.scheduler.running), len(engine.scheduler.waiting), counters.prompt_tokens,
                            counters.cached_tokens, slots.usage_by_role(), slots.capacity, pages.used_count,
-                           pages.capacity, engine.cache.evictions, engine.metadata.retries, finished)
+                           pages.capacity, engine.cache.evictions, engine.metadata.retries, finished,
+                           engine.cache.clones, engine.cache.clone_bytes, engine.metadata.readbacks,
+                           engine.metadata.readback_seconds)
 
 
 def integrity_report(engine: Engine) -> dict:
@@ -70,6 +76,12 @@ def render(m: MetricsSnapshot) -> str:
            [("", m.evictions)])
     family("metadata_fence_retries_total", "counter", "Decode-metadata re-uploads after a mismatching readback.",
            [("", m.fence_retries)])
+    family("metadata_fence_readbacks_total", "counter", "Decode-metadata uploads read back and verified (the fence).",
+           [("", m.fence_readbacks)])
+    family("metadata_fence_readback_seconds_total", "counter", "Host time blocked in the fence's readbacks.",
+           [("", m.fence_readback_seconds)])
+    family("donation_clones_total", "counter", "Slot copies made by copy-on-donate.", [("", m.clones)])
+    family("donation_clone_bytes_total", "counter", "Bytes those copies moved.", [("", m.clone_bytes)])
     family("requests_finished_total", "counter", "Finished choices by finish reason.",
            [(_labels(finish_reason=reason), n) for reason, n in m.finished.items()])
     family("requests_aborted_total", "counter", "Choices aborted (client gone) before they finished.",

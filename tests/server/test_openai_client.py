@@ -111,15 +111,22 @@ def test_forensics_name_the_cache_key_and_media(server):
 
 
 def test_models_health_and_metrics(server):
-    """/v1/models lists the served model, /health is ok, /metrics counts finished requests by reason."""
+    """/v1/models lists the served model, /health is ok, /metrics counts finished requests by reason and the
+    safeguards' work: a fresh 80-token prompt donates its 64-token snapshot through a clone, and its decode
+    steps' page tables go through the fence's readbacks."""
     assert server.get("/v1/models").json()["data"][0]["id"] == "tiny-random"
     assert server.get("/health").json() == {"status": "ok"}
     before = server.metrics()
-    assert server.post("/v1/completions", json={"prompt": unique("x"), "max_tokens": 3,
+    assert server.post("/v1/completions", json={"prompt": unique("x" * 80), "max_tokens": 3,
                                                 "ignore_eos": True}).status_code == 200
     after = server.metrics()
     key = 'mini_engine_requests_finished_total{finish_reason="length"}'
     assert after[key] == before[key] + 1
     assert after["mini_engine_prompt_tokens_total"] > before["mini_engine_prompt_tokens_total"]
+    assert after["mini_engine_donation_clones_total"] > before["mini_engine_donation_clones_total"]
+    assert after["mini_engine_donation_clone_bytes_total"] > before["mini_engine_donation_clone_bytes_total"]
+    assert after["mini_engine_metadata_fence_readbacks_total"] > before["mini_engine_metadata_fence_readbacks_total"]
+    assert (after["mini_engine_metadata_fence_readback_seconds_total"]
+            > before["mini_engine_metadata_fence_readback_seconds_total"])
     assert after["mini_engine_slots_capacity"] == server.config.num_slots
     assert httpx.get(server.url + "/metrics", timeout=10).headers["content-type"].startswith("text/plain")
