@@ -131,12 +131,11 @@ def run_options(command):
 
 def check_device(device: str | None) -> None:
     """--device cuda on a machine without a GPU is refused before a run directory exists."""
-    if device == "cuda":
-        import torch
+    from mini_engine.device import unavailable
 
-        if not torch.cuda.is_available():
-            raise click.BadParameter("cuda needs a CUDA build of torch and a visible GPU; this machine has "
-                                     "neither (use the default, the simulated device)", param_hint="--device")
+    reason = unavailable(device or "sim")
+    if reason:
+        raise click.BadParameter(reason, param_hint="--device")
 
 
 def split_options(options: dict) -> tuple[dict, dict]:

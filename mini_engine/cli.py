@@ -19,14 +19,24 @@ def main() -> None:
 
 
 def engine_options(command):
-    """The options every engine command takes: the model, the scheduling mode, the device seed, faults."""
+    """The options every engine command takes: the model, the device and dtype, the scheduling mode, the device
+    seed, faults."""
+    from mini_engine.engine.config import DTYPES
     from mini_engine.faults import ALL_FAULTS, FAULTS
 
     options = [
         click.option("--model", "model_name", default=None, metavar="NAME|DIR",
                      help="Model name (default: probe-tiny, trained; tiny-random: seeded random) or a Hugging Face checkpoint folder."),
+        click.option("--device", type=click.Choice(["sim", "cuda"]), default="sim", show_default=True,
+                     callback=_check_device,
+                     help="Where the engine runs: the simulated device (CPU) or a GPU (real CUDA streams, the "
+                          "Triton kernels, CUDA graphs for decode)."),
+        click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+                     help="The projections' weights (bfloat16 halves what a decode step reads; not bit-exact)."),
         click.option("--overlap", is_flag=True, help="Overlap scheduling: build batch N+1 while batch N runs."),
-        click.option("--device-seed", type=int, default=0, show_default=True, help="Seed of the simulated device."),
+        click.option("--device-seed", type=int, default=0, show_default=True,
+                     help="Seed of the device: the simulated device's schedule; on cuda 0 keeps the GPU's own "
+                          "timing and any other seed adds seeded stream delays."),
         click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
                      help=f"Switch one safeguard off (repeatable): {', '.join(FAULTS)}; outside the catalogue: "
                           f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
@@ -34,6 +44,16 @@ def engine_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def _check_device(ctx, param, value: str) -> str:
+    """--device cuda on a machine without a GPU is refused before anything loads."""
+    from mini_engine.device import unavailable
+
+    reason = unavailable(value)
+    if reason:
+        raise click.BadParameter(reason, ctx=ctx, param=param)
+    return value
 
 
 def build_engine(model_name: str | None, **config):
@@ -62,18 +82,19 @@ def build_engine(model_name: str | None, **config):
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Send the same prompt this many times, one after another (the later ones hit the cache).")
 @engine_options
-def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, repeat: int, overlap: bool,
-             device_seed: int, faults: tuple[str, ...]) -> None:
+def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, repeat: int, device: str, dtype: str,
+             overlap: bool, device_seed: int, faults: tuple[str, ...]) -> None:
     """Greedy generation through the engine (prefix cache on), printing cached_tokens per run."""
     from mini_engine.engine import SamplingParams
 
     if not prompt:
         raise click.BadParameter("must not be empty", param_hint="--prompt")
-    engine = build_engine(model_name, overlap=overlap, device_seed=device_seed, faults=faults)
+    engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
+                          faults=faults)
     model = engine.model
     text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=engine.tokenizer.eos_token_ids)
-    click.echo(f"model: {model.config.name}  device: {engine.device.name} (seed {device_seed})  "
+    click.echo(f"model: {model.config.name}  device: {engine.device.name} (seed {device_seed})  dtype: {dtype}  "
                f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}")
     for run in range(1, repeat + 1):
         started = time.perf_counter()
@@ -100,15 +121,17 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
 @click.option("--num-pages", type=click.IntRange(min=1), default=1024, show_default=True, help="KV pages.")
 @click.option("--max-context", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Most tokens per request, prompt and generation together.")
-def serve(model_name: str | None, overlap: bool, device_seed: int, faults: tuple[str, ...], host: str, port: int,
-          api_key: str | None, served_model_name: str | None, max_running: int, num_slots: int, num_pages: int,
-          max_context: int) -> None:
+def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, faults: tuple[str, ...],
+          host: str, port: int, api_key: str | None, served_model_name: str | None, max_running: int, num_slots: int,
+          num_pages: int, max_context: int) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""
     from mini_engine.server import create_app, serve as run_server
 
-    engine = build_engine(model_name, overlap=overlap, device_seed=device_seed, faults=faults,
-                          max_running=max_running, num_slots=num_slots, num_pages=num_pages, max_context=max_context)
+    engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
+                          faults=faults, max_running=max_running, num_slots=num_slots, num_pages=num_pages,
+                          max_context=max_context)
     click.echo(f"model: {engine.model.config.name}  device: {engine.device.name} (seed {device_seed})  "
+               f"dtype: {dtype}  "
                f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}  listening on http://{host}:{port}")
     run_server(create_app(engine, served_model_name=served_model_name, api_key=api_key), host=host, port=port)
 

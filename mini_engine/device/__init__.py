@@ -3,7 +3,7 @@
 from mini_engine.device.base import Device, DeviceError, Event, OpRecord, Stream
 from mini_engine.device.sim import SimDevice
 
-__all__ = ["Device", "DeviceError", "Event", "OpRecord", "SimDevice", "Stream", "make_device"]
+__all__ = ["Device", "DeviceError", "Event", "OpRecord", "SimDevice", "Stream", "make_device", "unavailable"]
 
 
 def make_device(name: str = "sim", *, seed: int = 0) -> Device:
@@ -15,3 +15,14 @@ def make_device(name: str = "sim", *, seed: int = 0) -> Device:
 
         return CudaDevice(seed=seed)
     raise ValueError(f"device must be 'sim' or 'cuda'; got {name!r}")
+
+
+def unavailable(name: str) -> str | None:
+    """Why the device ``name`` cannot run on this machine, or None when it can (checked before anything starts)."""
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return ("cuda needs a CUDA build of torch and a visible GPU; this machine has neither "
+                    "(use the default, the simulated device)")
+    return None

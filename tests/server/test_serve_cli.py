@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+import torch
 from click.testing import CliRunner
 
 from mini_engine.cli import main
@@ -23,8 +24,9 @@ def test_serve_help_lists_the_options():
     """`serve --help` documents binding, auth, the engine's sizes and the faults."""
     result = CliRunner().invoke(main, ["serve", "--help"])
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--api-key", "--fault", "--model", "--overlap", "--device-seed",
-                   "--max-running", "--num-slots", "--num-pages", "--max-context", "--served-model-name"):
+    for option in ("--host", "--port", "--api-key", "--fault", "--model", "--device", "--dtype", "--overlap",
+                   "--device-seed", "--max-running", "--num-slots", "--num-pages", "--max-context",
+                   "--served-model-name"):
         assert option in result.output
 
 
@@ -34,11 +36,22 @@ def test_serve_help_lists_the_options():
     (["--port", "70000"], "--port"),
     (["--max-running", "40", "--num-slots", "50"], "--num-slots"),  # 3 slots per running request
     (["--model", "/no/such/checkpoint"], "--model"),
+    (["--dtype", "float16"], "--dtype"),
+    pytest.param(["--device", "cuda"], "--device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")),
 ])
 def test_serve_bad_option_names_the_option(args, option):
     """A bad value is a usage error (exit 2) naming its option, before any server starts."""
     result = CliRunner().invoke(main, ["serve", *args])
     assert result.exit_code == 2 and option in result.output, result.output
+
+
+def test_generate_runs_in_bfloat16_and_says_so():
+    """`generate --dtype bfloat16` serves with bfloat16 projections (on the simulated device here)."""
+    result = CliRunner().invoke(main, ["generate", "--prompt", "hi", "--max-tokens", "2", "--model", "tiny-random",
+                                       "--dtype", "bfloat16"])
+    assert result.exit_code == 0, result.output
+    assert "device: sim (seed 0)  dtype: bfloat16" in result.output and "generated: 2" in result.output
 
 
 def test_generate_takes_faults():
