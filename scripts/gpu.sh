@@ -9,7 +9,8 @@
 #   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
 #              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
 #              off, the ledger on, the reference prefill)
-#   prefill    benchmarks/gpu_prefill.py (the engine's prefill, Triton sequence ops vs the references)
+#   prefill    benchmarks/gpu_prefill.py (the engine's prefill, Triton sequence ops vs the references) and
+#              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
 #   kernels    benchmarks/gdn_kernels.py and benchmarks/small_kernels.py
 #
 # Runs from a plain checkout (PYTHONPATH, no install: the GPU machine has torch, triton, transformers
@@ -52,7 +53,8 @@ case "$part" in
             "copy, overlap, reference prefill" \
             --out "$out/engine_throughput_cuda_08b.json" ;;
     prefill)
-        step 540 gpu_prefill python3 benchmarks/gpu_prefill.py --out "$out/gpu_prefill.json" ;;
+        step 300 gpu_prefill python3 benchmarks/gpu_prefill.py --out "$out/gpu_prefill.json"
+        step 240 triton_compiles python3 benchmarks/triton_compiles.py --out "$out/triton_compiles.json" ;;
     kernels)
         step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"  # fla: carry fla-core
         step 240 small_kernels python3 benchmarks/small_kernels.py --out "$out/small_kernels.json" ;;
