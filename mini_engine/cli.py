@@ -130,6 +130,10 @@ def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
                           faults=faults, max_running=max_running, num_slots=num_slots, num_pages=num_pages,
                           max_context=max_context)
+    if device == "cuda":  # the first requests would otherwise compile the kernels and capture the graphs
+        warm = engine.warm_up()
+        click.echo(f"warmed up: {warm['requests']} requests, {warm['cuda_graphs']} CUDA graphs, "
+                   f"{warm['seconds']:.1f} s")
     click.echo(f"model: {engine.model.config.name}  device: {engine.device.name} (seed {device_seed})  "
                f"dtype: {dtype}  "
                f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}  listening on http://{host}:{port}")

@@ -17,12 +17,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import random
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
+from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import make_device
 from mini_engine.engine.cache_manager import CacheManager
 from mini_engine.engine.config import EngineConfig
@@ -39,6 +42,9 @@ from mini_engine.model.tokenizer import MEDIA_TOKEN
 from mini_engine.ops.checksum import slot_checksum
 
 __all__ = ["Engine", "RequestResult", "media_digest"]
+
+WARM_UP_KEY = "mini-engine:warm-up"  # the cache key of warm_up's prompts: no request's prompt can match them
+WARM_UP_TOKENS = 3  # decode steps per warm-up request: the first of a batch size runs eagerly, the second captures
 
 
 def media_digest(items: Sequence[bytes]) -> str:
@@ -215,6 +221,30 @@ class Engine:
     def idle(self) -> bool:
         return (not self._actions and not self.scheduler.waiting and not self.scheduler.running
                 and self._in_flight is None)
+
+    def warm_up(self, *, seed: int = 0) -> dict:
+        """Serve synthetic requests at every batch size from 1 to ``max_running``, then forget them: what a
+        server's first requests would otherwise pay. On cuda the first run of each kernel compiles it (seconds
+        each on a machine with an empty Triton cache) and each decode batch size captures its CUDA graph on its
+        second step. Prompts of 65 tokens cross a 64-boundary (snapshots, donation); three tokens each. Their
+        prefixes are cached under a key of their own, so no request can hit them, and eviction reclaims them
+        like any other. Needs an idle engine; returns the requests, steps and seconds it took and the CUDA
+        graphs the engine holds."""
+        if not self.idle():
+            raise RuntimeError("warm_up needs an idle engine (nothing queued, running or in flight)")
+        started, first_step = time.perf_counter(), self.steps
+        rng = random.Random(seed)
+        length = min(SNAPSHOT_ALIGN + 1, self.config.max_context - WARM_UP_TOKENS)
+        rids = []
+        for batch in range(1, self.config.max_running + 1):
+            rids += [self.submit([rng.randrange(256) for _ in range(length)], SamplingParams(max_tokens=WARM_UP_TOKENS),
+                                 extra_key=WARM_UP_KEY) for _ in range(batch)]
+            self.run()
+        for rid in rids:
+            self.forget(rid)
+        graphs = self.runner.graphs
+        return {"requests": len(rids), "steps": self.steps - first_step, "seconds": time.perf_counter() - started,
+                "cuda_graphs": 0 if graphs is None else len(graphs.sizes())}
 
     def tokens(self, rid: str, start: int = 0) -> list[int]:
         """Tokens streamed so far for ``rid`` (from index ``start`` on)."""

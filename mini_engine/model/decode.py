@@ -214,6 +214,10 @@ class DecodeGraphs:
         self._pool = None
         self.replays = self.captures = 0
 
+    def sizes(self) -> list[int]:
+        """The batch sizes with a captured graph."""
+        return sorted(self._graphs)
+
     @torch.no_grad()
     def __call__(self, slots: list[int], positions: list[int], page_table: torch.Tensor) -> torch.Tensor:
         """Logits [B, vocab] of one step (a static buffer when replayed: read it before the next step of B)."""

@@ -360,3 +360,26 @@ def test_the_engine_counts_its_safeguards_work(tiny_model, policy):
         assert engine.cache.clones > 0 and engine.metadata.readbacks > 0 and engine.metadata.readback_seconds > 0
     else:
         assert engine.cache.clones == engine.metadata.readbacks == 0 and engine.metadata.readback_seconds == 0
+
+
+def test_warm_up_serves_every_batch_size_and_leaves_nothing_a_request_can_hit(tiny_model):
+    """warm_up runs 1 + 2 + ... + max_running requests, forgets them, and leaves an idle engine whose cache
+    no request can hit: its own first prompt, sent again, is served cold and decodes what a fresh engine does."""
+    config = EngineConfig(max_running=3, num_slots=9)
+    engine = Engine(config, model=tiny_model)
+    report = engine.warm_up()
+    assert report["requests"] == 6 and report["steps"] > 0 and report["cuda_graphs"] == 0
+    assert engine.idle() and not engine.requests
+    engine.check_integrity()
+    rnd = random.Random(0)
+    first_prompt = [rnd.randrange(256) for _ in range(65)]  # warm_up's first prompt (seed 0)
+    rid = engine.submit(first_prompt, SamplingParams(max_tokens=4))
+    drive(engine)
+    fresh = Engine(config, model=tiny_model)
+    fresh_rid = fresh.submit(first_prompt, SamplingParams(max_tokens=4))
+    drive(fresh)
+    got, want = engine.result(rid), fresh.result(fresh_rid)
+    assert got.cached_tokens == 0 and got.output_ids == want.output_ids
+    with pytest.raises(RuntimeError, match="idle engine"):
+        engine.submit(first_prompt, SamplingParams(max_tokens=2))
+        engine.warm_up()
