@@ -15,8 +15,8 @@ __all__ = ["DEFAULT_PATTERNS", "DEVICE_OPTION", "DEVICE_SEED_OPTION", "ENGINE_FL
 DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
                     "media-ab", "donate-hit")
 ENGINE_FLAGS = {"faults": "--fault", "overlap": "--overlap", "device": "--device", "device_seed": "--device-seed",
-                "max_running": "--max-running", "num_slots": "--num-slots", "num_pages": "--num-pages",
-                "page_size": "--page-size"}
+                "dtype": "--dtype", "max_running": "--max-running", "num_slots": "--num-slots",
+                "num_pages": "--num-pages", "page_size": "--page-size"}
 HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model", "control_url": "--control-url",
               "timeout": "--timeout", "exact": "--exact/--inexact"}
 
@@ -105,6 +105,9 @@ def run_options(command):
         click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
         DEVICE_OPTION,
         DEVICE_SEED_OPTION,
+        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
+                     help="[embedded] The engine's projection weights (default float32; bfloat16 is not bit-exact: "
+                          "hits are judged by ground truth, not against their controls' bits)."),
         click.option("--max-running", type=positive, default=None, help="[embedded] Requests batched at once."),
         click.option("--num-slots", type=positive, default=None, help="[embedded] Linear-state slots."),
         click.option("--num-pages", type=positive, default=None, help="[embedded] KV pages."),

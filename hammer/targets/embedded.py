@@ -30,8 +30,8 @@ from mini_engine.model import HybridModel, load_model
 __all__ = ["ENGINE_OPTIONS", "EmbeddedTarget", "LedgerWriter", "round_device_seed"]
 
 # The engine options a run may set (EngineConfig fields), recorded in meta.json's ``engine``.
-ENGINE_OPTIONS = ("model", "overlap", "device", "device_seed", "max_running", "num_slots", "num_pages", "page_size",
-                  "prefill_chunk", "max_context", "faults", "reference_states")
+ENGINE_OPTIONS = ("model", "overlap", "device", "device_seed", "dtype", "max_running", "num_slots", "num_pages",
+                  "page_size", "prefill_chunk", "max_context", "faults", "reference_states")
 
 
 class LedgerWriter:

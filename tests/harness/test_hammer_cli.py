@@ -192,3 +192,15 @@ def test_device_cuda_without_a_gpu_is_refused_before_anything_runs(args, tmp_pat
 def test_device_applies_to_the_embedded_target_only():
     result = CliRunner().invoke(main, ["soak", "--device", "sim", "--target", "http://127.0.0.1:1"])
     assert result.exit_code == 2 and "--device applies to the embedded target only" in result.output, result.output
+
+
+def test_dtype_reaches_the_engine_and_gives_up_bit_exactness(tmp_path):
+    """--dtype bfloat16: the embedded engine runs bfloat16 projections (meta.json records it) and the run knows
+    its hits are not bit-exact; the http target refuses the option."""
+    result = CliRunner().invoke(main, ["run", "saturate", "--count", "4", "--dtype", "bfloat16", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "last" / "meta.json").read_text())
+    assert meta["engine"]["dtype"] == "bfloat16"
+    assert meta["target"]["exact"] is False
+    refused = CliRunner().invoke(main, ["soak", "--dtype", "bfloat16", "--target", "http://127.0.0.1:1"])
+    assert refused.exit_code == 2 and "--dtype applies to the embedded target only" in refused.output
