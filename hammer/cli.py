@@ -26,6 +26,7 @@ from hammer.cli_options import (
     DEFAULT_PATTERNS,
     DEVICE_OPTION,
     DEVICE_SEED_OPTION,
+    DTYPE_OPTION,
     REPORT_OPTION,
     check_device,
     duration,
@@ -206,8 +207,9 @@ def postmortem(run_dir, max_rows, report):
               help="Where the cells' run directories and the combined report go (default runs/matrix-<time>).")
 @DEVICE_OPTION
 @DEVICE_SEED_OPTION
+@DTYPE_OPTION
 @REPORT_OPTION
-def faults(names, budget, requests, quick, seed, out, device, device_seed, report):
+def faults(names, budget, requests, quick, seed, out, device, device_seed, dtype, report):
     """Run every fault (and the clean engine) against the patterns that should expose it; print one table.
 
     Exit 0 when every fault was detected and attributed correctly and the clean cell found nothing,
@@ -228,7 +230,7 @@ def faults(names, budget, requests, quick, seed, out, device, device_seed, repor
     try:
         matrix_json = run_matrix(cells, out, seed=seed, budget=None if requests or quick else budget,
                                  requests=requests, quick=quick, device=device, device_seed=device_seed,
-                                 echo=click.echo)
+                                 dtype=dtype, echo=click.echo)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     sys.exit(_matrix_report(matrix_json, report))

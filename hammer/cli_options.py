@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-__all__ = ["DEFAULT_PATTERNS", "DEVICE_OPTION", "DEVICE_SEED_OPTION", "ENGINE_FLAGS", "HTTP_FLAGS", "REPORT_OPTION",
-           "check_device", "duration", "parse_settings", "run_options", "split_options"]
+__all__ = ["DEFAULT_PATTERNS", "DEVICE_OPTION", "DEVICE_SEED_OPTION", "DTYPE_OPTION", "ENGINE_FLAGS", "HTTP_FLAGS",
+           "REPORT_OPTION", "check_device", "duration", "parse_settings", "run_options", "split_options"]
 
 DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
                     "media-ab", "donate-hit")
@@ -80,6 +80,11 @@ DEVICE_SEED_OPTION = click.option(
     help="[embedded] Seed of the device (round r uses seed + r): the simulated device's schedule; on cuda 0 "
          "keeps the GPU's own timing and any other seed adds seeded stream delays (the nemesis).")
 
+DTYPE_OPTION = click.option(
+    "--dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
+    help="[embedded] The engine's projection weights (default float32; bfloat16 is not bit-exact: hits are "
+         "judged by ground truth, not against their controls' bits).")
+
 
 def run_options(command):
     """What every running command takes: the target, the seed, the output, engine and HTTP options, verdicts."""
@@ -105,9 +110,7 @@ def run_options(command):
         click.option("--overlap", is_flag=True, help="[embedded] Overlap scheduling in the engine under test."),
         DEVICE_OPTION,
         DEVICE_SEED_OPTION,
-        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
-                     help="[embedded] The engine's projection weights (default float32; bfloat16 is not bit-exact: "
-                          "hits are judged by ground truth, not against their controls' bits)."),
+        DTYPE_OPTION,
         click.option("--max-running", type=positive, default=None, help="[embedded] Requests batched at once."),
         click.option("--num-slots", type=positive, default=None, help="[embedded] Linear-state slots."),
         click.option("--num-pages", type=positive, default=None, help="[embedded] KV pages."),

@@ -2,6 +2,7 @@
 cause, and the clean engine shows nothing. This is the project's main acceptance test (DESIGN.md §4)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -76,3 +77,15 @@ def test_safeguards_outside_the_catalogue_are_caught_and_named(tmp_path):
     assert rows["free_unfenced=on"]["top_verdict"] == "freed-in-flight"
     for row in rows.values():
         assert row["corrupted_hits"] >= 1 and row["top_share"] >= 0.95, row
+
+
+def test_dtype_reaches_every_cell(tmp_path):
+    """--dtype bfloat16: the matrix records it and each cell's engine runs it (its meta.json)."""
+    result = CliRunner().invoke(main, ["faults", "--faults", "clean", "--requests", "4", "--dtype", "bfloat16",
+                                       "--no-report", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output  # the clean cell stays clean in bfloat16 (ground-truth oracle)
+    matrix = json.loads((tmp_path / "matrix.json").read_text())
+    assert matrix["dtype"] == "bfloat16"
+    run = matrix["cells"][0]["run"]
+    meta = json.loads((Path(run) / "meta.json").read_text())
+    assert meta["engine"]["dtype"] == "bfloat16" and meta["target"]["exact"] is False
