@@ -26,16 +26,12 @@ import time
 
 import torch
 
+from gpu_engine import prompts, shape_08b  # a sibling script: benchmarks/ is on sys.path when run as a script
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 from mini_engine.model import HybridModel, build_builtin
 from mini_engine.model.builtin import init_weights
 
 KERNELS = ("reference", "triton")
-
-
-def prompts(batch: int, length: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(batch * 1000 + length)
-    return torch.randint(0, 256, (batch, length), generator=gen).tolist()
 
 
 def _sync(device: str) -> None:
@@ -89,12 +85,7 @@ def main() -> None:
         shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes]
     except ValueError:
         parser.error(f"--shapes takes BATCHxTOKENS values such as 8x512; got {args.shapes}")
-    if args.shape == "0.8b":
-        from gpu_engine import shape_08b  # a sibling script: benchmarks/ is on sys.path when run as a script
-
-        model = init_weights(HybridModel(shape_08b()))
-    else:
-        model = build_builtin()
+    model = init_weights(HybridModel(shape_08b())) if args.shape == "0.8b" else build_builtin()
     model = model.to("cuda" if args.device == "cuda" else "cpu").cast_projections(getattr(torch, args.dtype))
     rows = []
     for batch, length in shapes:

@@ -133,23 +133,30 @@ class ModelRunner:
                   for it in items]
         states = [self._gather(it, pages[i]) for i, it in zip(indices, items)]
         outputs = self.model(tokens, states, media=[_media_rows(it) for it in items], kernels=self.prefill_path)
+        wrote_track = []
         for i, it, out in zip(indices, items, outputs):
             self.states.write(it.live_slot, out.state)
             new = slice(it.start, it.start + it.length)
             self.kv.scatter(pages[i], it.start, out.state.keys[:, new], out.state.values[:, new])
-            wrote_track = it.track is not None and bool(out.snapshots) and self.track_writer
-            if wrote_track:
+            wrote_track.append(it.track is not None and bool(out.snapshots) and self.track_writer)
+            if wrote_track[-1]:
                 self.states.write_snapshot(it.track.slot, out.snapshots[-1])
             if it.sample:
                 token = self._sample(out.logits[-1], it.request, it.start + it.length)
                 batch.sampled[i, 0] = token
-                if self.events.enabled:
-                    batch.sampled[i, 1] = _logits_checks(out.logits[-1:])[0]
                 self.states.next_token[it.live_slot] = token
-            if self.events.enabled:
-                read = self._table_reads([it], torch.tensor(pages[i], dtype=torch.int32)[None])[0]
-                self._report_writes(batch.index, it, self.states.checksum(it.live_slot, it.start + it.length),
-                                    wrote_track, read)
+        if not self.events.enabled:
+            return
+        # the forward's checksums together (each item wrote its own slots): a few launches, not a few per item
+        sampled = [(i, out.logits[-1]) for i, it, out in zip(indices, items, outputs) if it.sample]
+        if sampled:
+            checks = _logits_checks(torch.stack([logits for _, logits in sampled]))
+            batch.sampled[[i for i, _ in sampled], 1] = checks.to(batch.sampled.device)
+        written = self.states.checksums([it.live_slot for it in items], [it.start + it.length for it in items])
+        for i, it, checksum, track in zip(indices, items, written, wrote_track):
+            read = None if it.tokens is not None else \
+                self._table_reads([it], torch.tensor(pages[i], dtype=torch.int32)[None])[0]
+            self._report_writes(batch.index, it, checksum, track, read)
 
     def _decode_in_place(self, batch: Batch, indices: list[int], table: torch.Tensor) -> None:
         """Decode items ``indices`` (one token each, their page tables the resident ``table`` rows) through
