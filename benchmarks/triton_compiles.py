@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import time
+import warnings
 
 import torch
 from triton.runtime.jit import JITFunction
@@ -29,11 +30,13 @@ from mini_engine.model import build_builtin
 def compiled() -> dict[str, int]:
     """Compiled variants per Triton kernel in this process (module.kernel -> count)."""
     counts = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, JITFunction):
-            n = sum(len(cache[0]) for cache in obj.device_caches.values())
-            if n:
-                counts[f"{obj.fn.__module__.removeprefix('mini_engine.ops.')}.{obj.fn.__name__}"] = n
+    with warnings.catch_warnings():  # isinstance on every live object touches deprecated torch aliases
+        warnings.simplefilter("ignore")
+        objects = [obj for obj in gc.get_objects() if isinstance(obj, JITFunction)]
+    for obj in objects:
+        n = sum(len(cache[0]) for cache in obj.device_caches.values())
+        if n:
+            counts[f"{obj.fn.__module__.removeprefix('mini_engine.ops.')}.{obj.fn.__name__}"] = n
     return counts
 
 

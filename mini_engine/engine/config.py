@@ -40,10 +40,10 @@ class EngineConfig:
     # "triton" through model.decode.decode_step (the kernels, on the pools in place; needs a GPU or
     # TRITON_INTERPRET=1), "auto": triton on cuda, reference on the sim.
     decode_kernels: str = "auto"
-    # How the sequence ops of a forward through HybridModel.forward (prefills; decode steps too with the
-    # reference decode) run: "reference" (the float32 references), "triton" (the kernels, reading the
-    # packed state; needs a GPU or TRITON_INTERPRET=1: ``mini_engine.model.kernels``), "auto": triton on
-    # cuda, reference on the sim.
+    # How the sequence ops and projections of a forward through HybridModel.forward (prefills; decode steps
+    # too with the reference decode) run: "reference" (the float32 references, inv.linear's 64-row gemm
+    # tiles), "triton" (the kernels, reading the packed state, one gemm launch per projection; needs a GPU
+    # or TRITON_INTERPRET=1: ``mini_engine.model.kernels``), "auto": triton on cuda, reference on the sim.
     prefill_kernels: str = "auto"
     cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
     decode_gemm: str = "cublas"  # the triton decode's 16-bit projections (constants.DECODE_GEMMS)

@@ -36,15 +36,15 @@ class GatedAttention(nn.Module):
         """past_*: per sequence [start, Hkv, D]. Returns (output, new keys, new values) with new K/V [N, Hkv, D].
         ``kernels``: the attention's implementation (``mini_engine.model.kernels``)."""
         n = h.shape[0]
-        q, gate = inv.linear(h, self.q_proj.weight).reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
+        q, gate = ops.linear(kernels, h, self.q_proj.weight).reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
         positions = batch.positions.to(h.device)
         q = self.rotary(self.q_norm(q), positions)
-        k = self.rotary(self.k_norm(inv.linear(h, self.k_proj.weight).reshape(n, self.hkv, self.d)), positions)
-        v = inv.linear(h, self.v_proj.weight).reshape(n, self.hkv, self.d)
+        k = self.rotary(self.k_norm(ops.linear(kernels, h, self.k_proj.weight).reshape(n, self.hkv, self.d)), positions)
+        v = ops.linear(kernels, h, self.v_proj.weight).reshape(n, self.hkv, self.d)
         keys = torch.cat([t for i in range(batch.size) for t in (past_keys[i], k[batch.rows(i)])])
         values = torch.cat([t for i in range(batch.size) for t in (past_values[i], v[batch.rows(i)])])
         key_lengths = [batch.starts[i] + batch.lengths[i] for i in range(batch.size)]
         cu_k = torch.tensor([0, *torch.tensor(key_lengths).cumsum(0).tolist()])
         out = ops.attention(kernels, q=q, k=keys, v=values, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_k)
         out = out.reshape(n, self.hq * self.d) * inv.sigmoid(gate.reshape(n, self.hq * self.d))
-        return inv.linear(out, self.o_proj.weight), k, v
+        return ops.linear(kernels, out, self.o_proj.weight), k, v

@@ -56,20 +56,20 @@ class GatedDeltaNet(nn.Module):
 
     def _prepare(self, h: torch.Tensor, batch: PackedBatch, conv_state: torch.Tensor, kernels: str = "reference"):
         """Projections and conv: returns prepared rows [N, pending_width], the gate z, conv results."""
-        mixed = inv.linear(h, self.in_proj_qkv.weight)
+        mixed = ops.linear(kernels, h, self.in_proj_qkv.weight)
         conv = ops.conv(kernels, x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
                         initial_state=conv_state)
         q, k, v = conv.output.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = inv.l2_normalize(q.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
         k = inv.l2_normalize(k.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
-        g, beta = self.gates(h)
+        g, beta = self.gates(h, kernels)
         rows = torch.cat([q, k, v, g, beta], dim=-1)
-        return rows, inv.linear(h, self.in_proj_z.weight), mixed, conv.final_state
+        return rows, ops.linear(kernels, h, self.in_proj_z.weight), mixed, conv.final_state
 
-    def gates(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gates(self, h: torch.Tensor, kernels: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
         """Per token and value head: the log-decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``."""
-        beta = inv.sigmoid(inv.linear(h, self.in_proj_b.weight))
-        g = -torch.exp(self.A_log.float()) * inv.softplus(inv.linear(h, self.in_proj_a.weight) + self.dt_bias)
+        beta = inv.sigmoid(ops.linear(kernels, h, self.in_proj_b.weight))
+        g = -torch.exp(self.A_log.float()) * inv.softplus(ops.linear(kernels, h, self.in_proj_a.weight) + self.dt_bias)
         return g, beta
 
     def _split(self, rows: torch.Tensor):
@@ -78,7 +78,7 @@ class GatedDeltaNet(nn.Module):
                 v.reshape(-1, self.hv, self.dv), g, beta)
 
     def forward(self, h: torch.Tensor, batch: PackedBatch, state: LinearLayerState, kernels: str = "reference"):
-        """``kernels``: the sequence ops' implementation (``mini_engine.model.kernels``)."""
+        """``kernels``: the sequence ops' and projections' implementation (``mini_engine.model.kernels``)."""
         rows, z, mixed, conv_final = self._prepare(h, batch, state.conv, kernels)
         aligned = [torch.cat([state.pending[i], rows[batch.rows(i)]]) for i in range(batch.size)]
         cu = torch.tensor([0, *torch.tensor([a.shape[0] for a in aligned]).cumsum(0).tolist()])
@@ -94,7 +94,7 @@ class GatedDeltaNet(nn.Module):
             boundary_conv.append(self._boundary_conv(state.conv[i], mixed[batch.rows(i)], batch.starts[i]))
         new_state = LinearLayerState(conv_final, torch.stack(new_rec), new_pending, boundary_conv,
                                      result.boundary_states)
-        return self._output(torch.cat(outputs), z), new_state
+        return self._output(torch.cat(outputs), z, kernels), new_state
 
     def forward_from_start(self, h: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         """The output of sequences that all start at position 0, and nothing else: no state is kept,
@@ -107,10 +107,10 @@ class GatedDeltaNet(nn.Module):
         result = chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=batch.cu_seqlens)
         return self._output(result.output, z)
 
-    def _output(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def _output(self, core: torch.Tensor, z: torch.Tensor, kernels: str = "reference") -> torch.Tensor:
         """Gated RMSNorm of the rule's output [N, Hv, V] with silu(z), then the output projection."""
         gated = self.norm(core.reshape(-1, self.dv), z.reshape(-1, self.dv)).reshape(-1, self.value_dim)
-        return inv.linear(gated, self.out_proj.weight)
+        return ops.linear(kernels, gated, self.out_proj.weight)
 
     @staticmethod
     def _boundary_conv(history: torch.Tensor, mixed: torch.Tensor, start: int) -> list[torch.Tensor]:

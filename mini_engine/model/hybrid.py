@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mini_engine.model import kernels as ops
 from mini_engine.model.attention import GatedAttention
 from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN, ModelConfig
@@ -20,7 +21,6 @@ from mini_engine.model.kernels import check_kernels
 from mini_engine.model.layers import OffsetRMSNorm, SwiGLU, new_linear
 from mini_engine.model.media import MediaProjector
 from mini_engine.model.state import SequenceState, Snapshot
-from mini_engine.ops import invariant as inv
 
 __all__ = ["HybridModel", "MediaRows", "StepOutput"]
 
@@ -78,7 +78,7 @@ class HybridModel(nn.Module):
 
     def cast_projections(self, dtype: torch.dtype) -> HybridModel:
         """Every projection's weight (linear layers, embedding, head) to ``dtype``, in place; norms, conv, gate
-        parameters and the media projector stay as they are (``inv.linear`` computes in the weight's dtype
+        parameters and the media projector stay as they are (a projection computes in the weight's dtype
         and returns the input's). Returns the model."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -96,7 +96,7 @@ class HybridModel(nn.Module):
 
         ``media[i]``, if given, replaces the embeddings of sequence i's placeholder rows with the
         projection of their media features. ``kernels``: "reference" or "triton", the implementation of
-        the conv, gated delta rule and attention (``mini_engine.model.kernels``)."""
+        the conv, gated delta rule, attention and the projections (``mini_engine.model.kernels``)."""
         check_kernels(kernels)
         if len(tokens) != len(states) or (media is not None and len(media) != len(tokens)):
             raise ValueError(f"{len(tokens)} token tensors for {len(states)} states"
@@ -115,7 +115,7 @@ class HybridModel(nn.Module):
         x = self.model.norm(x)
         picks = [batch.rows(i) if all_logits else slice(batch.rows(i).stop - 1, batch.rows(i).stop)
                  for i in range(batch.size)]
-        logits = inv.linear(torch.cat([x[p] for p in picks]), self.head_weight)
+        logits = ops.linear(kernels, torch.cat([x[p] for p in picks]), self.head_weight)
         bounds = [0, *torch.tensor([p.stop - p.start for p in picks]).cumsum(0).tolist()]
         return [StepOutput(logits[bounds[i] : bounds[i + 1]], *self._advance(i, batch, states[i], linear_out, kv_out))
                 for i in range(batch.size)]
@@ -141,7 +141,7 @@ class HybridModel(nn.Module):
                                         [s.values[full_idx] for s in states], kernels)
             produced = (k, v)
         x = x + out
-        return x + layer.mlp(layer.post_attention_layernorm(x)), produced
+        return x + layer.mlp(layer.post_attention_layernorm(x), kernels), produced
 
     @staticmethod
     def _advance(i: int, batch: PackedBatch, old: SequenceState, linear_out: list[LinearLayerState],

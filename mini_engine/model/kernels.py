@@ -1,14 +1,16 @@
-"""The sequence ops of a stateful forward, by implementation: the float32 references or the Triton kernels.
+"""The ops of a stateful forward that have kernels, by implementation: the references or the Triton kernels.
 
 ``HybridModel.forward(kernels=...)`` picks, for the three ops that walk a sequence (the causal conv,
-the chunked gated delta rule, attention over a prefix), either ``"reference"`` (``mini_engine.ops.*.
-reference``: any device, the specification; on a GPU it is hundreds of small launches per layer,
-driven from Python) or ``"triton"`` (the kernels held to those references: a few launches per layer,
-on a GPU or under ``TRITON_INTERPRET=1``). Projections, norms and activations are the same in both.
+the chunked gated delta rule, attention over a prefix) and for the projections, either ``"reference"``
+(``mini_engine.ops.*.reference`` and ``inv.linear``: any device, the specification; on a GPU it is
+hundreds of small launches per layer, driven from Python, a projection one gemm per 64 rows) or
+``"triton"`` (the kernels held to those references: a few launches per layer, one per projection, on a
+GPU or under ``TRITON_INTERPRET=1``). Norms and activations are the same in both.
 
 Both keep the exactness contract of DESIGN.md §3: the conv is per token, the gated delta rule's
 chunks start on absolute 64-boundaries, and attention visits keys in 64-key tiles from position 0;
-a program covers one sequence (and head), so a row's result does not depend on the rest of the batch.
+a program covers one sequence (and head), or one block of rows with a configuration fixed by the
+weight, so a row's result does not depend on the rest of the batch.
 The two give the same values to rounding, not the same bits: an engine uses one for every forward.
 """
 
@@ -21,8 +23,9 @@ import torch
 from mini_engine.ops.attention import attention_with_prefix
 from mini_engine.ops.causal_conv1d import ConvResult, causal_conv1d
 from mini_engine.ops.gated_delta_rule import GdnResult, chunk_gated_delta_rule
+from mini_engine.ops.linear import linear as reference_linear
 
-__all__ = ["KERNELS", "attention", "check_kernels", "conv", "gated_delta_rule"]
+__all__ = ["KERNELS", "attention", "check_kernels", "conv", "gated_delta_rule", "linear"]
 
 KERNELS = ("reference", "triton")
 
@@ -30,6 +33,16 @@ KERNELS = ("reference", "triton")
 def check_kernels(kernels: str) -> None:
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {KERNELS}; got {kernels!r}")
+
+
+def linear(kernels: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T``, batch-invariant (``mini_engine.ops.linear``): ``inv.linear``'s 64-row tiles, or one
+    Triton launch."""
+    if kernels == "triton":
+        from mini_engine.ops.linear.triton import linear as linear_triton
+
+        return linear_triton(x, weight)
+    return reference_linear(x, weight)
 
 
 def conv(kernels: str, *, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_engine.model import kernels as ops
 from mini_engine.model.config import ModelConfig
 from mini_engine.ops import invariant as inv
 
@@ -51,9 +52,10 @@ class SwiGLU(nn.Module):
         self.up_proj = new_linear(hidden, intermediate)
         self.down_proj = new_linear(intermediate, hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = inv.silu(inv.linear(x, self.gate_proj.weight)) * inv.linear(x, self.up_proj.weight)
-        return inv.linear(hidden, self.down_proj.weight)
+    def forward(self, x: torch.Tensor, kernels: str = "reference") -> torch.Tensor:
+        """``kernels``: the projections' implementation (``mini_engine.model.kernels``)."""
+        hidden = inv.silu(ops.linear(kernels, x, self.gate_proj.weight)) * ops.linear(kernels, x, self.up_proj.weight)
+        return ops.linear(kernels, hidden, self.down_proj.weight)
 
 
 class Rotary:

@@ -1,5 +1,5 @@
 """The engine with ``decode_kernels="triton"`` (decode steps on the pools through the Triton kernels, in the
-interpreter here) or ``prefill_kernels="triton"`` (HybridModel.forward's sequence ops through them) against
+interpreter here) or ``prefill_kernels="triton"`` (HybridModel.forward's sequence ops and projections through them) against
 the references: same greedy tokens, cold and on hits, and the safeguards' ledger still sees every write."""
 
 import dataclasses

@@ -12,6 +12,7 @@ from tests.unit.kernel_support import (
     check_conv_steps_equal_prefill,
     check_conv_update,
     check_copy_slots,
+    check_linear,
     check_paged_decode,
     check_paged_prefill,
     check_slot_checksums,
@@ -76,3 +77,12 @@ def test_state_digest():
 def test_copy_slots(recurrent):
     """Batched clone / restore of engine-shaped slots equals the index_copy reference on every pool."""
     check_copy_slots(device="cuda", recurrent=recurrent, **ENGINE_STATE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 77, 1000, 4097])
+@pytest.mark.parametrize(("n_out", "n_in"), [(8224, 1024), (1024, 3584), (260, 1024)])
+def test_linear(dtype, rows, n_out, n_in):
+    """The prefill's projections at Qwen3.5-0.8B's shapes (the GDN in_proj, the MLP's down_proj, the byte
+    head): within tolerance, and a row's bits the same alone, in the batch, or in another batch."""
+    check_linear(rows=rows, n_out=n_out, n_in=n_in, dtype=dtype, device="cuda")

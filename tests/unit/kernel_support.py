@@ -14,6 +14,8 @@ from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefi
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.triton import checksum_lanes, digests, slot_checksums
+from mini_engine.ops.linear import linear as reference_linear
+from mini_engine.ops.linear.triton import linear
 from mini_engine.ops.slot_copy import copy_slots as reference_copy_slots
 from mini_engine.ops.slot_copy.triton import copy_slots
 
@@ -238,3 +240,21 @@ def check_copy_slots(*, device, recurrent=True, **shapes) -> None:
     copy_slots(pools=pools[:kept], dst=dst, src=src, pending=pools[2], rows=rows)
     for name, got, want in zip(("conv", "rec", "pending"), pools, expected):
         assert torch.equal(got, want), name
+
+
+def check_linear(*, rows, n_out, n_in, dtype, device, seed=0) -> float:
+    """The one-launch projection at ``rows`` rows of a float32 input: within tolerance of the reference
+    (``inv.linear``: rounded through the weight's dtype like it), every element written, and each row's
+    bits the same computed alone, in the full batch, or at another place in a smaller one."""
+    gen = torch.Generator().manual_seed(seed)
+    x = randn(rows, n_in, gen=gen, device=device)
+    weight = (randn(n_out, n_in, gen=gen) * n_in ** -0.5).to(device=device, dtype=dtype)
+    got = linear(x, weight)
+    assert got.shape == (rows, n_out) and got.dtype == torch.float32 and not got.isnan().any()
+    error = _assert_close(got, reference_linear(x, weight), dtype, "linear")
+    assert torch.equal(got, got.to(dtype).float()), "the result is not rounded through the weight's dtype"
+    for pick in sorted({0, rows // 2, rows - 1}):
+        assert torch.equal(linear(x[pick : pick + 1], weight)[0], got[pick]), f"row {pick} alone"
+    tail = x[rows // 3 :]
+    assert torch.equal(linear(tail, weight), got[rows // 3 :]), "the rows after the first third, as a batch"
+    return error

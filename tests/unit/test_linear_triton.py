@@ -1,0 +1,37 @@
+"""The one-launch batch-invariant projection (``mini_engine.ops.linear.triton``) in the interpreter, at odd
+shapes: values within tolerance of ``inv.linear``, a row's bits independent of the batch around it."""
+
+import pytest
+import torch
+
+from mini_engine.ops.linear.triton import LinearConfig, config_for, linear
+from tests.unit.kernel_support import check_linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize(("rows", "n_out", "n_in"), [(1, 4, 128), (37, 260, 384), (130, 200, 40), (64, 128, 96)])
+def test_linear_matches_the_reference_and_is_batch_invariant(rows, n_out, n_in, dtype):
+    check_linear(rows=rows, n_out=n_out, n_in=n_in, dtype=dtype, device="cpu")
+
+
+def test_config_depends_on_the_weight_alone():
+    """The batch-invariance contract: the tiles are fixed by the weight's dtype and width, never by rows."""
+    assert config_for(torch.bfloat16, 1024) == LinearConfig(64, 128, 64)
+    assert config_for(torch.float32, 3584) == LinearConfig(64, 64, 32)
+    assert config_for(torch.float16, 40).block_k == 16  # 40 = 2 x 16 + 8: the last block masked
+
+
+def test_leading_dims_and_empty_inputs():
+    weight = torch.randn(24, 32)
+    x = torch.randn(2, 3, 32)
+    assert torch.equal(linear(x, weight), linear(x.reshape(6, 32), weight).reshape(2, 3, 24))
+    assert linear(torch.empty(0, 32), weight).shape == (0, 24)
+
+
+@pytest.mark.parametrize(("x", "weight", "message"), [
+    (torch.randn(3, 32), torch.randn(8, 32, dtype=torch.float64), "float32, float16 or bfloat16 weight"),
+    (torch.randn(3, 31), torch.randn(8, 32), r"x must be \[\.\.\., 32\]"),
+])
+def test_bad_inputs_are_named(x, weight, message):
+    with pytest.raises(ValueError, match=message):
+        linear(x, weight)
