@@ -3,7 +3,7 @@
 Prefill: ``chunk_gated_delta_rule_triton`` vs ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` on
 16,384 bf16 tokens, 32 heads, K = V = 128, as one sequence and as 16 sequences of 1,024 (ours also
 writes the fp32 state after every 64-token chunk; fla is timed with and without its final state), and
-ours alone in float32 (IEEE dots: the engine's exact configuration).
+ours alone in float32 (3xTF32 dots: the engine's float32 configuration).
 Decode: ``fused_recurrent_gated_delta_rule_triton`` vs fla's ``fused_recurrent_gated_delta_rule``
 at batch 64, 32 heads, K = V = 128, float32 states (ours in place in shuffled pool slots), with the
 state bandwidth (one read + one write of every state) against the H200's 4.17 TB/s copy bandwidth.
@@ -188,7 +188,7 @@ def main() -> None:
     for lengths, dtype in (([TOKENS], torch.bfloat16), ([1024] * 16, torch.bfloat16)):
         part, kernels = prefill(lengths, fla, dtype, sweep=not args.no_sweep)
         rows, breakdown = rows + part, {**breakdown, **kernels}
-    part, kernels = prefill([TOKENS], None, torch.float32, sweep=False)  # the exact configuration: IEEE fp32 dots
+    part, kernels = prefill([TOKENS], None, torch.float32, sweep=False)  # the engine's float32 configuration: 3xTF32 dots
     rows, breakdown = rows + part, {**breakdown, **kernels}
     part, kernels = decode(fla)
     rows, breakdown = rows + part, {**breakdown, **kernels}

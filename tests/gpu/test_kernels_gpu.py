@@ -1,7 +1,7 @@
 """Triton kernels on CUDA match their references at bigger odd shapes, in fp32 (1e-5) and bf16 (1e-2).
 
 The same checks as the interpreter tests (tests/unit/kernel_support.py), compiled for the device.
-fp32 attention multiplies with input_precision="ieee" (the kernels choose it for fp32 inputs).
+fp32 tiles multiply as 3xTF32 (mini_engine.ops.precision: float32's accuracy on the tensor cores).
 """
 
 import pytest

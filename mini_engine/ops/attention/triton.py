@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.ops.precision import dot_precision
+
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv_pages"]
 
 BLOCK_N = 64  # keys per tile: the reference's TILE
@@ -218,11 +220,6 @@ def _tuning(block_d: int, element_size: int) -> dict:
     return {"num_warps": 8 if block_d >= 128 else 4, "num_stages": max(1, min(3, (160 << 10) // (2 * tile_bytes)))}
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs multiply in full fp32 (TF32 would spoil the 1e-5 contract); others use the tensor cores."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def write_kv_pages(*, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
     """Write rows ``k``/``v`` [N, Hkv, D] into their pages; mutates the caches.
@@ -273,7 +270,7 @@ def paged_prefill_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         out.stride(0), out.stride(1),
         PAGE=k_cache.shape[1], GROUP=hq // k_cache.shape[2], BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-        DOT_PRECISION=_dot_precision(q.dtype), **_tuning(block_d, k_cache.element_size()))
+        DOT_PRECISION=dot_precision(q.dtype), **_tuning(block_d, k_cache.element_size()))
     return out
 
 

@@ -37,7 +37,7 @@ The decode kernels (one token per sequence, on states in the slot pool) are in `
 Precision: states, decays and every accumulation are float32. With bf16/fp16 inputs the ``tl.dot``
 operands (``k``, ``q``, ``X``, ``w``, ``u``, ``aqk``, the state, ``v_new``) are rounded to the input dtype,
 as in flash-linear-attention, while the inverse's block products stay float32; with float32 inputs every
-dot is IEEE float32 (no TF32).
+dot is 3xTF32 (``mini_engine.ops.precision``: float32's accuracy on the tensor cores; never plain TF32).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ import triton.language as tl
 
 from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK, GdnResult, _check_inputs
+from mini_engine.ops.precision import FP32_DOT
 
 __all__ = ["LaunchConfig", "chunk_gated_delta_rule_triton"]
 
@@ -61,16 +62,19 @@ if CHUNK != 64:
 # ----------------------------------------------------------------------------- prepare (per chunk)
 
 
+_FP32_DOT = tl.constexpr(FP32_DOT)
+
+
 @triton.jit
 def _dot(a, b):
-    """Float32 operands multiply in IEEE float32 (never TF32); 16-bit ones accumulate in float32."""
-    return tl.dot(a, b, input_precision="ieee")
+    """Float32 operands multiply as ``FP32_DOT`` (3xTF32, never plain TF32); 16-bit ones accumulate in float32."""
+    return tl.dot(a, b, input_precision=_FP32_DOT)
 
 
 @triton.jit
 def _dot_acc(a, b, acc):
     """acc + a b, as ``_dot``."""
-    return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=_FP32_DOT)
 
 
 @triton.jit

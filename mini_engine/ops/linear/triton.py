@@ -11,7 +11,7 @@ chosen by the row count. Nothing is split over K.
 
 It computes what ``inv.linear`` computes, to rounding: the input cast to the weight's dtype, a float32
 accumulator, the result rounded to the weight's dtype and returned in the input's. The float32 form
-multiplies in full float32 (``input_precision="ieee"``), not TF32.
+multiplies as ``mini_engine.ops.precision`` says (3xTF32: float32's accuracy), never plain TF32.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
+from mini_engine.ops.precision import dot_precision
 
 __all__ = ["LinearConfig", "config_for", "linear"]
 
@@ -35,7 +37,7 @@ class LinearConfig(NamedTuple):
 
 def config_for(dtype: torch.dtype, n_in: int) -> LinearConfig:
     """The one configuration for weights of ``dtype`` with ``n_in`` input features: tensor-core tiles of
-    64 rows; 128 columns in 16 bits, 64 in float32 (its ieee products need the registers); the widest K
+    64 rows; 128 columns in 16 bits, 64 in float32 (three products per tile); the widest K
     block of 64, 32 or 16 that divides ``n_in`` (the loop then needs no K mask), else 16, masked."""
     block_k = next((b for b in (64, 32, 16) if n_in % b == 0), 16)
     if dtype == torch.float32:
@@ -97,6 +99,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, config: LinearConfig | None
     _linear_kernel[grid](rows, weight, out, rows.shape[0], n_out, n_in, rows.stride(0), weight.stride(0),
                          out.stride(0), BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                          EVEN_K=n_in % config.block_k == 0,
-                         PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
+                         PRECISION=dot_precision(weight.dtype),
                          num_warps=config.num_warps, num_stages=config.num_stages)
     return out.reshape(*lead, n_out)
