@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mini_engine.constants import SNAPSHOT_ALIGN
-from mini_engine.device import Device, Event, Stream
+from mini_engine.device import Device, Event, Stream, upload
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request
@@ -132,7 +132,8 @@ class ModelRunner:
         tokens = [it.tokens if it.tokens is not None else self.states.next_token[it.live_slot].reshape(1).clone()
                   for it in items]
         states = [self._gather(it, pages[i]) for i, it in zip(indices, items)]
-        outputs = self.model(tokens, states, media=[_media_rows(it) for it in items], kernels=self.prefill_path)
+        outputs = self.model(tokens, states, media=[_media_rows(it) for it in items], kernels=self.prefill_path,
+                             snapshots="last")  # the track snapshot keeps the last boundary's state
         wrote_track = []
         for i, it, out in zip(indices, items, outputs):
             self.states.write(it.live_slot, out.state)
@@ -164,7 +165,7 @@ class ModelRunner:
         items = [batch.items[i] for i in indices]
         slots = [it.live_slot for it in items]
         device = self.states.next_token.device
-        slot_ids = torch.tensor(slots).to(device, non_blocking=True)
+        slot_ids = upload(torch.tensor(slots), device)
         positions = [it.start for it in items]
         if self.graphs is not None:
             logits = self.graphs(slots, positions, table)
@@ -176,7 +177,7 @@ class ModelRunner:
             if it.request.params.temperature != 0:
                 tokens[r] = self._sample(logits[r], it.request, it.start + it.length)
         self.states.next_token.index_copy_(0, slot_ids, tokens)
-        rows = torch.tensor(indices).to(device, non_blocking=True)
+        rows = upload(torch.tensor(indices), device)
         batch.sampled[:, 0].index_copy_(0, rows, tokens)
         if self.events.enabled:  # the batch's checksums together: a few launches, not a few per item
             batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(device))
@@ -216,7 +217,7 @@ class ModelRunner:
             return [None if it.tokens is not None else
                     (slot_checksum(row[:n]), bool(torch.equal(row[:n], torch.tensor(it.pages, dtype=torch.int32))))
                     for it, row, n in zip(items, table, lengths)]
-        lanes = rows_lanes(table, torch.tensor(lengths, dtype=torch.int32).to(table.device, non_blocking=True))
+        lanes = rows_lanes(table, upload(torch.tensor(lengths, dtype=torch.int32), table.device))
         done = DeviceDigest.event_now()
         return [None if it.tokens is not None else  # match: the read row's digest is the staged pages' one
                 (DeviceDigest(lanes[r], done), DigestEquals(lanes[r], self._staged_digest(it.pages), done))

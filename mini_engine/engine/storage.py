@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from mini_engine.constants import SNAPSHOT_ALIGN
-from mini_engine.device import Device
+from mini_engine.device import Device, upload
 from mini_engine.model import ModelConfig, SequenceState
 from mini_engine.model.state import Snapshot, pending_width
 from mini_engine.ops.checksum import slot_checksum
@@ -89,8 +89,8 @@ class StateStorage:
         from mini_engine.ops.checksum.triton import checksum_lanes
 
         device = self.conv.device
-        ids = torch.tensor(slots, dtype=torch.int32).to(device, non_blocking=True)
-        rows = torch.tensor([n % SNAPSHOT_ALIGN for n in lengths], dtype=torch.int32).to(device, non_blocking=True)
+        ids = upload(torch.tensor(slots, dtype=torch.int32), device)
+        rows = upload(torch.tensor([n % SNAPSHOT_ALIGN for n in lengths], dtype=torch.int32), device)
         conv_words, rec_words = self.conv[0].numel(), self.rec[0].numel()  # float32: one word per element
         lanes = checksum_lanes(pool=self.conv, slots=ids)
         lanes += checksum_lanes(pool=self.rec, slots=ids, first_word=conv_words)

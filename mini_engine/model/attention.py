@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_engine.device import upload
 from mini_engine.model import kernels as ops
 from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import ModelConfig
@@ -37,7 +38,7 @@ class GatedAttention(nn.Module):
         ``kernels``: the attention's implementation (``mini_engine.model.kernels``)."""
         n = h.shape[0]
         q, gate = ops.linear(kernels, h, self.q_proj.weight).reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
-        positions = batch.positions.to(h.device)
+        positions = upload(batch.positions, h.device)
         q = self.rotary(self.q_norm(q), positions)
         k = self.rotary(self.k_norm(ops.linear(kernels, h, self.k_proj.weight).reshape(n, self.hkv, self.d)), positions)
         v = ops.linear(kernels, h, self.v_proj.weight).reshape(n, self.hkv, self.d)

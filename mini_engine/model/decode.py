@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 
 from mini_engine.constants import DECODE_GEMMS
+from mini_engine.device import upload
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
 from mini_engine.ops.decode_rows import gemm as gemm_ops
@@ -158,14 +159,8 @@ def decode_step(model: DecodeModel, pools: Pools, tokens: torch.Tensor, slots: l
     if not len(slots) == len(positions) == tokens.shape[0] == page_table.shape[0]:
         raise ValueError(f"decode_step needs one slot, position, token and page-table row per sequence; got "
                          f"{len(slots)}, {len(positions)}, {tokens.shape[0]}, {page_table.shape[0]}")
-    inputs = _upload(step_inputs(slots, positions), tokens.device)
+    inputs = upload(step_inputs(slots, positions), tokens.device)
     return _decode(model, pools, tokens, inputs, page_table)
-
-
-def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        host = host.pin_memory()  # the caching host allocator keeps it until the copy has run
-    return host.to(device, non_blocking=True)
 
 
 def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.Tensor,
@@ -222,7 +217,7 @@ class DecodeGraphs:
     def __call__(self, slots: list[int], positions: list[int], page_table: torch.Tensor) -> torch.Tensor:
         """Logits [B, vocab] of one step (a static buffer when replayed: read it before the next step of B)."""
         n = len(slots)
-        inputs = _upload(step_inputs(slots, positions), self.next_token.device)
+        inputs = upload(step_inputs(slots, positions), self.next_token.device)
         if n in self._graphs:
             graph, static_inputs, static_table, logits = self._graphs[n]
             static_inputs.copy_(inputs)

@@ -33,7 +33,8 @@ class LinearLayerState:
     conv: torch.Tensor  # [B, conv_dim, W - 1]
     rec: torch.Tensor  # [B, Hv, K, V] at each sequence's last boundary
     pending: list[torch.Tensor]  # per sequence [rows since boundary, pending_width]
-    boundary_conv: list[list[torch.Tensor]] | None = None  # per sequence, per boundary crossed: [conv_dim, W-1]
+    # per sequence, per boundary crossed (or only the last one crossed: ``last_boundary_only``): [conv_dim, W-1]
+    boundary_conv: list[list[torch.Tensor]] | None = None
     boundary_rec: list[torch.Tensor] | None = None  # per sequence: [boundaries crossed, Hv, K, V]
 
 
@@ -77,8 +78,10 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(-1, self.hk, self.dk), k.reshape(-1, self.hk, self.dk),
                 v.reshape(-1, self.hv, self.dv), g, beta)
 
-    def forward(self, h: torch.Tensor, batch: PackedBatch, state: LinearLayerState, kernels: str = "reference"):
-        """``kernels``: the sequence ops' and projections' implementation (``mini_engine.model.kernels``)."""
+    def forward(self, h: torch.Tensor, batch: PackedBatch, state: LinearLayerState, kernels: str = "reference",
+                last_boundary_only: bool = False):
+        """``kernels``: the sequence ops' and projections' implementation (``mini_engine.model.kernels``).
+        ``last_boundary_only``: the conv states of the last boundary each sequence crosses, not of all."""
         rows, z, mixed, conv_final = self._prepare(h, batch, state.conv, kernels)
         aligned = [torch.cat([state.pending[i], rows[batch.rows(i)]]) for i in range(batch.size)]
         cu = torch.tensor([0, *torch.tensor([a.shape[0] for a in aligned]).cumsum(0).tolist()])
@@ -91,7 +94,8 @@ class GatedDeltaNet(nn.Module):
             crossed = result.boundary_states[i]
             new_rec.append(crossed[-1] if crossed.shape[0] else state.rec[i])
             new_pending.append(aligned[i][n_total - n_total % SNAPSHOT_ALIGN :])
-            boundary_conv.append(self._boundary_conv(state.conv[i], mixed[batch.rows(i)], batch.starts[i]))
+            boundary_conv.append(self._boundary_conv(state.conv[i], mixed[batch.rows(i)], batch.starts[i],
+                                                     last_boundary_only))
         new_state = LinearLayerState(conv_final, torch.stack(new_rec), new_pending, boundary_conv,
                                      result.boundary_states)
         return self._output(torch.cat(outputs), z, kernels), new_state
@@ -113,10 +117,12 @@ class GatedDeltaNet(nn.Module):
         return ops.linear(kernels, gated, self.out_proj.weight)
 
     @staticmethod
-    def _boundary_conv(history: torch.Tensor, mixed: torch.Tensor, start: int) -> list[torch.Tensor]:
-        """Conv state (last W-1 inputs) at every 64-boundary in (start, start + n]."""
+    def _boundary_conv(history: torch.Tensor, mixed: torch.Tensor, start: int, last_only: bool = False
+                       ) -> list[torch.Tensor]:
+        """Conv state (last W-1 inputs) at every 64-boundary in (start, start + n], or at the last one only."""
         width_1 = history.shape[1]
         window = torch.cat([history.t(), mixed])  # row r is absolute position start - (W-1) + r
         first = start // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN + SNAPSHOT_ALIGN
+        positions = range(first, start + mixed.shape[0] + 1, SNAPSHOT_ALIGN)
         return [window[p - start : p - start + width_1].t().contiguous()
-                for p in range(first, start + mixed.shape[0] + 1, SNAPSHOT_ALIGN)]
+                for p in (positions[-1:] if last_only else positions)]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from mini_engine.device import upload
 from mini_engine.model import kernels as ops
 from mini_engine.model.attention import GatedAttention
 from mini_engine.model.batch import PackedBatch
@@ -22,7 +23,9 @@ from mini_engine.model.layers import OffsetRMSNorm, SwiGLU, new_linear
 from mini_engine.model.media import MediaProjector
 from mini_engine.model.state import SequenceState, Snapshot
 
-__all__ = ["HybridModel", "MediaRows", "StepOutput"]
+__all__ = ["SNAPSHOT_CHOICES", "HybridModel", "MediaRows", "StepOutput"]
+
+SNAPSHOT_CHOICES = ("all", "last")  # HybridModel.forward(snapshots=...)
 
 # Per sequence: (rows of its new tokens that are media placeholders, their [n, MEDIA_FEATURES] features).
 MediaRows = tuple[torch.Tensor, torch.Tensor]
@@ -32,7 +35,7 @@ MediaRows = tuple[torch.Tensor, torch.Tensor]
 class StepOutput:
     logits: torch.Tensor  # [new tokens, vocab] if all_logits else [1, vocab] (the last token)
     state: SequenceState
-    snapshots: list[Snapshot]  # one per 64-boundary crossed by this forward, in order
+    snapshots: list[Snapshot]  # one per 64-boundary crossed by this forward, in order (snapshots="last": the last)
 
 
 class DecoderLayer(nn.Module):
@@ -91,13 +94,17 @@ class HybridModel(nn.Module):
     @torch.no_grad()
     def forward(self, tokens: list[torch.Tensor], states: list[SequenceState], *,
                 all_logits: bool = False, media: list[MediaRows | None] | None = None,
-                kernels: str = "reference") -> list[StepOutput]:
+                kernels: str = "reference", snapshots: str = "all") -> list[StepOutput]:
         """Advance each sequence by its new ``tokens`` (1-D long tensors) from its ``state``.
 
         ``media[i]``, if given, replaces the embeddings of sequence i's placeholder rows with the
         projection of their media features. ``kernels``: "reference" or "triton", the implementation of
-        the conv, gated delta rule, attention and the projections (``mini_engine.model.kernels``)."""
+        the conv, gated delta rule, attention and the projections (``mini_engine.model.kernels``).
+        ``snapshots``: "all" (the linear state at every 64-boundary each sequence crosses) or "last" (at the
+        last one only: what an engine's track snapshot keeps, without a stack and a copy per other boundary)."""
         check_kernels(kernels)
+        if snapshots not in SNAPSHOT_CHOICES:
+            raise ValueError(f"snapshots must be one of {SNAPSHOT_CHOICES}; got {snapshots!r}")
         if len(tokens) != len(states) or (media is not None and len(media) != len(tokens)):
             raise ValueError(f"{len(tokens)} token tensors for {len(states)} states"
                              + ("" if media is None else f" and {len(media)} media entries"))
@@ -110,32 +117,35 @@ class HybridModel(nn.Module):
         x = self._embed(tokens, batch, media)
         linear_out, kv_out = [], []
         for layer in self.model.layers:
-            x, produced = self._layer(layer, x, batch, states, len(linear_out), len(kv_out), kernels)
+            x, produced = self._layer(layer, x, batch, states, len(linear_out), len(kv_out), kernels,
+                                      snapshots == "last")
             (linear_out if layer.layer_type == LINEAR else kv_out).append(produced)
         x = self.model.norm(x)
         picks = [batch.rows(i) if all_logits else slice(batch.rows(i).stop - 1, batch.rows(i).stop)
                  for i in range(batch.size)]
         logits = ops.linear(kernels, torch.cat([x[p] for p in picks]), self.head_weight)
         bounds = [0, *torch.tensor([p.stop - p.start for p in picks]).cumsum(0).tolist()]
-        return [StepOutput(logits[bounds[i] : bounds[i + 1]], *self._advance(i, batch, states[i], linear_out, kv_out))
+        return [StepOutput(logits[bounds[i] : bounds[i + 1]],
+                           *self._advance(i, batch, states[i], linear_out, kv_out, snapshots == "last"))
                 for i in range(batch.size)]
 
     def _embed(self, tokens: list[torch.Tensor], batch: PackedBatch, media: list[MediaRows | None] | None):
         # Prompt tokens come from the host, decode tokens from the device: the weights' device decides.
-        x = self.model.embed_tokens(torch.cat([t.to(self.device) for t in tokens])).float()
+        x = self.model.embed_tokens(torch.cat([upload(t, self.device) for t in tokens])).float()
         for i, entry in enumerate(media or ()):
             if entry is not None:
                 rows, features = entry
-                x[batch.rows(i).start + rows] = self.media_projector(features.to(self.device))
+                x[batch.rows(i).start + rows] = self.media_projector(upload(features, self.device))
         return x
 
-    def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int, kernels: str):
+    def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int, kernels: str,
+               last_boundary_only: bool):
         h = layer.input_layernorm(x)
         if layer.layer_type == LINEAR:
             state = LinearLayerState(torch.stack([s.conv[lin_idx] for s in states]),
                                      torch.stack([s.rec[lin_idx] for s in states]),
                                      [s.pending[lin_idx] for s in states])
-            out, produced = layer.linear_attn(h, batch, state, kernels)
+            out, produced = layer.linear_attn(h, batch, state, kernels, last_boundary_only)
         else:
             out, k, v = layer.self_attn(h, batch, [s.keys[full_idx] for s in states],
                                         [s.values[full_idx] for s in states], kernels)
@@ -145,7 +155,8 @@ class HybridModel(nn.Module):
 
     @staticmethod
     def _advance(i: int, batch: PackedBatch, old: SequenceState, linear_out: list[LinearLayerState],
-                 kv_out: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[SequenceState, list[Snapshot]]:
+                 kv_out: list[tuple[torch.Tensor, torch.Tensor]], last_only: bool,
+                 ) -> tuple[SequenceState, list[Snapshot]]:
         rows = batch.rows(i)
         new_keys = [torch.cat([old.keys[j], k[rows]]) for j, (k, _) in enumerate(kv_out)]
         new_values = [torch.cat([old.values[j], v[rows]]) for j, (_, v) in enumerate(kv_out)]
@@ -160,7 +171,10 @@ class HybridModel(nn.Module):
         )
         first = old.length // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN + SNAPSHOT_ALIGN
         positions = range(first, state.length + 1, SNAPSHOT_ALIGN)
-        snapshots = [Snapshot(p, torch.stack([l.boundary_conv[i][b] for l in linear_out]),
+        # boundary_conv holds the last boundary only when last_only; boundary_rec always holds them all
+        picks = [(len(positions) - 1, 0, positions[-1])] if last_only and positions else [
+            (b, b, p) for b, p in enumerate(positions)]
+        snapshots = [Snapshot(p, torch.stack([l.boundary_conv[i][c] for l in linear_out]),
                               torch.stack([l.boundary_rec[i][b] for l in linear_out]))
-                     for b, p in enumerate(positions)] if linear_out else []
+                     for b, c, p in picks] if linear_out else []
         return state, snapshots

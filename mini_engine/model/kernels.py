@@ -20,6 +20,7 @@ import functools
 
 import torch
 
+from mini_engine.device import upload
 from mini_engine.ops.attention import attention_with_prefix
 from mini_engine.ops.causal_conv1d import ConvResult, causal_conv1d
 from mini_engine.ops.gated_delta_rule import GdnResult, chunk_gated_delta_rule
@@ -91,4 +92,4 @@ def _one_position_pages(cu_seqlens_k: tuple[int, ...], device: torch.device) -> 
     cu = torch.tensor(cu_seqlens_k)
     lengths = cu[1:] - cu[:-1]
     table = (cu[:-1, None] + torch.arange(int(lengths.max()))[None]).clamp(max=max(cu_seqlens_k[-1] - 1, 0))
-    return table.to(device=device, dtype=torch.int32), lengths.to(device)
+    return upload(table.to(torch.int32), device), upload(lengths, device)

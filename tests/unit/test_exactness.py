@@ -25,6 +25,24 @@ def test_continuation_from_boundary_snapshot_is_bit_identical(tiny_model):
         assert torch.equal(rest.state.conv, whole.state.conv)
 
 
+def test_last_snapshot_only_is_the_last_of_all(tiny_model):
+    """``snapshots="last"`` (the engine's track snapshot) keeps the last boundary's state, bit for bit, and
+    changes nothing else; a forward that crosses no boundary has none either way."""
+    packed = [prompt(300, 3), prompt(70, 4), prompt(20, 5)]
+    starts = [tiny_model([p[:10]], [tiny_model.new_state()])[0].state for p in packed]
+    every = tiny_model([p[10:] for p in packed], starts, all_logits=True)  # (a forward leaves its states as they were)
+    last = tiny_model([p[10:] for p in packed], starts, all_logits=True, snapshots="last")
+    assert [[s.position for s in o.snapshots] for o in every] == [[64, 128, 192, 256], [64], []]
+    for a, b in zip(every, last):
+        assert [s.position for s in b.snapshots] == [s.position for s in a.snapshots][-1:]
+        for x, y in zip(a.snapshots[-1:], b.snapshots):
+            assert torch.equal(x.rec, y.rec) and torch.equal(x.conv, y.conv)
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.state.rec, b.state.rec)
+        assert torch.equal(a.state.conv, b.state.conv) and torch.equal(a.state.keys, b.state.keys)
+    with pytest.raises(ValueError, match="snapshots must be one of"):
+        tiny_model([packed[0]], [tiny_model.new_state()], snapshots="first")
+
+
 def test_snapshots_equal_whichever_way_the_prefix_was_computed(tiny_model):
     """A boundary snapshot is the same bits from one prefill or from 1-token decode steps."""
     ids = prompt(130, 1)

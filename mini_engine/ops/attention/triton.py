@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.device import upload
 from mini_engine.ops.precision import dot_precision
 
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv_pages"]
@@ -266,7 +267,7 @@ def paged_prefill_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     block_m = 64 if block_d * q.element_size() <= 512 else 32
     grid = (triton.cdiv(max_seqlen_q, block_m), batch, hq)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, page_table, cu_seqlens_q.to(q.device), seq_lens.to(q.device), out, scale, head_dim,
+        q, k_cache, v_cache, page_table, upload(cu_seqlens_q, q.device), upload(seq_lens, q.device), out, scale, head_dim,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         out.stride(0), out.stride(1),
         PAGE=k_cache.shape[1], GROUP=hq // k_cache.shape[2], BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d,
@@ -304,7 +305,7 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     lse = q.new_empty((batch, hq, n_splits), dtype=torch.float32) if split else out
     block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_kernel[(batch, hq, n_splits)](
-        q, k_cache, v_cache, page_table, seq_lens.to(q.device), out, part, lse, scale, head_dim,
+        q, k_cache, v_cache, page_table, upload(seq_lens, q.device), out, part, lse, scale, head_dim,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         out.stride(0), out.stride(1), *part.stride()[:3], *lse.stride()[:2],
         KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, BLOCK_K=DECODE_BLOCK_K,

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.device import upload
 from mini_engine.ops.causal_conv1d.reference import ConvResult
 
 __all__ = ["causal_conv1d", "causal_conv1d_update"]
@@ -179,7 +180,7 @@ def _state_source(*, batch: int, channels: int, width: int, device: torch.device
         if slot_indices.shape != (batch,) or slot_indices.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"slot_indices must be an int32/int64 tensor of shape ({batch},); got "
                              f"{slot_indices.dtype} {tuple(slot_indices.shape)}")
-        slots = slot_indices.to(device)
+        slots = upload(slot_indices, device)
         return conv_pool, slots, conv_pool, slots, True
     if slot_indices is not None:
         raise ValueError("slot_indices needs conv_pool (the pool they index)")
@@ -211,7 +212,7 @@ def causal_conv1d(
         batch=n_seq, channels=channels, width=width, device=x.device, initial_state=initial_state,
         conv_pool=conv_pool, slot_indices=slot_indices)
     silu = _silu_flag(activation)
-    cu = cu_seqlens.to(x.device)
+    cu = upload(cu_seqlens, x.device)
     out = torch.empty_like(x)
     n_tokens = x.shape[0]
     block_c = min(MAX_BLOCK_C, triton.next_power_of_2(channels))

@@ -50,6 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.device import upload
 from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK, GdnResult, _check_inputs
 from mini_engine.ops.precision import FP32_DOT
@@ -346,9 +347,9 @@ def _chunk_tables(cu_seqlens: tuple[int, ...], device: torch.device) -> tuple[_C
     plan = _plan_chunks(starts, lengths)
     parts = (plan.chunk_row0, plan.chunk_rows, starts, lengths, plan.seq_first_boundary)
     widths = [-(-len(p) // _TABLE_ALIGN) * _TABLE_ALIGN for p in parts]
-    upload = torch.tensor([v for p, w in zip(parts, widths) for v in (*p, *[0] * (w - len(p)))],
-                          device=device, dtype=torch.int32)
-    return plan, tuple(t[: len(p)] for t, p in zip(upload.split(widths), parts))
+    tables = upload(torch.tensor([v for p, w in zip(parts, widths) for v in (*p, *[0] * (w - len(p)))],
+                                 dtype=torch.int32), device)
+    return plan, tuple(t[: len(p)] for t, p in zip(tables.split(widths), parts))
 
 
 class _Prepared(NamedTuple):
@@ -382,7 +383,7 @@ def _initial_source(initial_state, state_pool, state_indices, n_seq: int, state_
         if initial_state is not None:
             raise ValueError("give initial_state or state_pool (with state_indices), not both")
         check_pool(state_pool, state_indices, n_seq, state_shape)
-        return state_pool, state_indices.to(device=device, dtype=torch.int32)
+        return state_pool, upload(state_indices.to(torch.int32), device)
     if initial_state is not None:
         return initial_state.contiguous(), torch.arange(n_seq, device=device, dtype=torch.int32)
     return None, None

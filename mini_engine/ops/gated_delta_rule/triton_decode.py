@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.device import upload
 from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK
 
@@ -120,7 +121,7 @@ def fused_recurrent_gated_delta_rule_triton(
     out = v.new_empty(n_seq, hv, v_dim)
     if n_seq:
         q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-        rows = state_indices.to(device=q.device, dtype=torch.int32)
+        rows = upload(state_indices.to(torch.int32), q.device)
         _recurrent_step_kernel[(v_tiles(config, v_dim), n_seq, hv)](
             q, k, v, g, beta, state_pool, rows, state_pool.stride(0), out, scale, hk, hv, K=k_dim, V=v_dim,
             BV=config.block_v, num_warps=config.num_warps, num_stages=config.num_stages)

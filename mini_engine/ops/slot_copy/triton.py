@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.device import upload
 from mini_engine.ops.slot_layout import pool_words
 
 __all__ = ["copy_slots"]
@@ -81,10 +82,10 @@ def copy_slots(*, pools: Sequence[torch.Tensor], dst: torch.Tensor, src: torch.T
     if not n or not grid[0]:
         return
     device = layouts[0].words.device
-    dst, src = dst.to(device), src.to(device)
+    dst, src = upload(dst, device), upload(src, device)
     _copy_kernel[grid](
         tuple(p.words for p in layouts), tuple(p.slot_stride for p in layouts),
         tuple(p.outer_stride for p in layouts), tuple(p.outer for p in layouts),
         tuple(p.rows_max for p in layouts), tuple(p.row_words for p in layouts), tuple(chunks),
-        dst, src, dst if rows is None else rows.to(device),
+        dst, src, dst if rows is None else upload(rows, device),
         N_POOLS=len(layouts), HAS_PENDING=pending is not None, CHUNK=CHUNK, BLOCK=BLOCK)
