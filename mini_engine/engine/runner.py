@@ -142,17 +142,20 @@ class ModelRunner:
             wrote_track.append(it.track is not None and bool(out.snapshots) and self.track_writer)
             if wrote_track[-1]:
                 self.states.write_snapshot(it.track.slot, out.snapshots[-1])
-            if it.sample:
-                token = self._sample(out.logits[-1], it.request, it.start + it.length)
-                batch.sampled[i, 0] = token
-                self.states.next_token[it.live_slot] = token
+        # the items that end their prompt sample together, on the device (no host round trip for greedy ones)
+        sampled = [(i, it, out.logits[-1]) for i, it, out in zip(indices, items, outputs) if it.sample]
+        if sampled:
+            logits = torch.stack([last for _, _, last in sampled])
+            rows = upload(torch.tensor([i for i, _, _ in sampled]), logits.device)
+            tokens = self._pick_tokens(logits, [it for _, it, _ in sampled])
+            batch.sampled[:, 0].index_copy_(0, rows, tokens)
+            slots = upload(torch.tensor([it.live_slot for _, it, _ in sampled]), logits.device)
+            self.states.next_token.index_copy_(0, slots, tokens)
         if not self.events.enabled:
             return
         # the forward's checksums together (each item wrote its own slots): a few launches, not a few per item
-        sampled = [(i, out.logits[-1]) for i, it, out in zip(indices, items, outputs) if it.sample]
         if sampled:
-            checks = _logits_checks(torch.stack([logits for _, logits in sampled]))
-            batch.sampled[[i for i, _ in sampled], 1] = checks.to(batch.sampled.device)
+            batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(batch.sampled.device))
         written = self.states.checksums([it.live_slot for it in items], [it.start + it.length for it in items])
         for i, it, checksum, track in zip(indices, items, written, wrote_track):
             read = None if it.tokens is not None else \
@@ -172,10 +175,7 @@ class ModelRunner:
         else:
             tokens_in = self.states.next_token.index_select(0, slot_ids)
             logits = decode_step(self.decode_model, self.pools, tokens_in, slots, positions, table)
-        tokens = logits.argmax(-1)
-        for r, it in enumerate(items):
-            if it.request.params.temperature != 0:
-                tokens[r] = self._sample(logits[r], it.request, it.start + it.length)
+        tokens = self._pick_tokens(logits, items)
         self.states.next_token.index_copy_(0, slot_ids, tokens)
         rows = upload(torch.tensor(indices), device)
         batch.sampled[:, 0].index_copy_(0, rows, tokens)
@@ -237,6 +237,15 @@ class ModelRunner:
         conv, rec, pending = self.states.read(it.live_slot, it.start)
         keys, values = self.kv.gather(pages, it.start)
         return SequenceState(it.start, conv, rec, pending, keys, values)
+
+    def _pick_tokens(self, logits: torch.Tensor, items: list[BatchItem]) -> torch.Tensor:
+        """The next token of each item from its logits row (``logits`` [B, vocab]), as a device tensor [B]: greedy
+        rows by an argmax on the device (nothing waits for it), sampled rows drawn on the host."""
+        tokens = logits.argmax(-1)
+        for r, it in enumerate(items):
+            if it.request.params.temperature != 0:
+                tokens[r] = self._sample(logits[r], it.request, it.start + it.length)
+        return tokens
 
     @staticmethod
     def _sample(logits: torch.Tensor, request: Request, position: int) -> int:
