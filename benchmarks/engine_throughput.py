@@ -94,7 +94,9 @@ def _safeguard_work(engine: Engine) -> dict:
     fences: waits queued on events not yet passed), the metadata fence's readbacks and the host time they
     blocked (behind everything the copy stream had queued, clones included)."""
     return {"clones": engine.cache.clones, "clone_bytes": engine.cache.clone_bytes, "waits": engine.fences.waits,
-            "readbacks": engine.metadata.readbacks, "readback_seconds": engine.metadata.readback_seconds}
+            "readbacks": engine.metadata.readbacks, "readback_seconds": engine.metadata.readback_seconds,
+            # the slot ledger's (instrumentation's) own: slot bytes its checksums read, host time it took
+            "hashed_bytes": engine.states.hashed_bytes, "ledger_host_seconds": engine.events.host_seconds}
 
 
 def _serve(engine: Engine, requests, max_tokens: int) -> list[str]:
@@ -155,6 +157,17 @@ def main() -> None:
     print(f"  copy-on-donate: {work['clones']} clones, {work['clone_bytes'] / 1e6:.1f} MB; barriers: "
           f"{work['waits']} waits queued; metadata fence: {work['readbacks']} readbacks blocking the host "
           f"{work['readback_seconds'] * 1e3:.1f} ms ({work['readback_seconds'] / seconds:.2%} of the run)")
+    ledger_mode = next((m for m in args.modes if MODES[m].get(LEDGER)), None)
+    ledger = None
+    if ledger_mode is not None:
+        ledger_runs = rows[ledger_mode]
+        median = sorted(ledger_runs, key=lambda r: r["seconds"])[len(ledger_runs) // 2]
+        ledger = {"mode": ledger_mode, "seconds": median["seconds"], "rows": median["ledger_rows"],
+                  "hashed_bytes": median["safeguard_work"]["hashed_bytes"],
+                  "host_seconds": median["safeguard_work"]["ledger_host_seconds"]}
+        print(f"  the ledger's own work in its median run ({ledger_mode}): {ledger['rows']} rows; checksums read "
+              f"{ledger['hashed_bytes'] / 1e9:.2f} GB of slots; {ledger['host_seconds'] * 1e3:.1f} ms of host time "
+              f"({ledger['host_seconds'] / ledger['seconds']:.2%} of the run; on the sim the checksums themselves)")
     bound = None
     if args.device == "cuda":
         bandwidth = copy_bandwidth()
@@ -165,8 +178,16 @@ def main() -> None:
               f"the readbacks' host time, the safeguards' own work is {bound['fraction']:.2%} of the base's run "
               f"(a bound that the run-to-run spread does not blur; the barriers' waits order work already "
               f"counted)")
+        if ledger is not None:
+            rate = checksum_rate()
+            ledger["checksum_rate"] = rate
+            ledger["checksum_seconds"] = ledger["hashed_bytes"] / rate
+            ledger["fraction"] = (ledger["checksum_seconds"] + ledger["host_seconds"]) / ledger["seconds"]
+            print(f"  the ledger's checksums at this GPU's {rate / 1e12:.2f} TB/s of slot hashed: "
+                  f"{ledger['checksum_seconds'] * 1e3:.1f} ms of device time; with its host time, "
+                  f"{ledger['fraction']:.2%} of its run")
     rows = {"settings": {**settings, "shape": args.shape, "repeats": args.repeats}, "runs": rows, "summary": summary,
-            "safeguard_bound": bound}
+            "safeguard_bound": bound, "ledger_work": ledger}
     with open(args.out, "w") as handle:
         json.dump(rows, handle, indent=2)
     if args.profile:
@@ -203,6 +224,24 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return 2 * nbytes / statistics.median(times)
+
+
+def checksum_rate(nbytes: int = 1 << 30, reps: int = 10) -> float:
+    """Bytes/s the slot checksum reads on this GPU: one pass over a pool of 32 slots (the median of ``reps``)."""
+    from mini_engine.ops.checksum.triton import checksum_lanes
+
+    pool = torch.empty(32, nbytes // 4 // 32, dtype=torch.float32, device="cuda").normal_()
+    slots = torch.arange(32, dtype=torch.int32, device="cuda")
+    checksum_lanes(pool=pool, slots=slots)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        checksum_lanes(pool=pool, slots=slots)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return pool.numel() * 4 / statistics.median(times)
 
 
 def _shape_08b_model():

@@ -14,11 +14,18 @@ slot event. There a device-side event carries ``Deferred`` fields (a checksum st
 its stream); the row keeps its ``seq`` and waits in a queue, and ``flush`` hands rows to the sink in
 ``seq`` order once their values have landed, all of them read back in one copy. ``flush(wait=True)``
 waits for them (the engine does when it goes idle).
+
+``host_seconds`` counts the host time the instrumentation costs the engine: inside ``emit`` and ``flush``
+(the sink's own time included; not ``flush(wait=True)``'s wait for the device) and inside ``timing()``,
+which the engine wraps around its instrumented-only work (the ledger's checksum launches, or on the sim
+the checksums themselves).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["Deferred", "Instrumentation", "Sink"]
@@ -50,6 +57,8 @@ class Instrumentation:
         self.step = 0
         self._seq = 0
         self._queue: list[dict[str, Any]] = []  # rows waiting for their own or an earlier row's device values
+        self.host_seconds = 0.0  # host time inside emit, flush and timing() (nested uses counted once)
+        self._depth = 0
 
     @property
     def enabled(self) -> bool:
@@ -60,26 +69,46 @@ class Instrumentation:
         """Rows emitted but not yet handed to the sink (waiting for device values)."""
         return len(self._queue)
 
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """Count the host time inside as the instrumentation's own (``host_seconds``); nested uses count once."""
+        self._depth += 1
+        started = time.perf_counter() if self._depth == 1 else 0.0
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.host_seconds += time.perf_counter() - started
+
     def emit(self, type_: str, **fields: Any) -> None:
         if self.sink is None:
             return
-        self._seq += 1
-        row = {"type": type_, "step": self.step, "seq": self._seq, **fields}
-        if self._queue or any(isinstance(v, Deferred) for v in fields.values()):
-            self._queue.append(row)  # behind a row that waits: the sink sees rows in seq order
-        else:
-            self.sink(row)
+        with self.timing():
+            self._seq += 1
+            row = {"type": type_, "step": self.step, "seq": self._seq, **fields}
+            if self._queue or any(isinstance(v, Deferred) for v in fields.values()):
+                self._queue.append(row)  # behind a row that waits: the sink sees rows in seq order
+            else:
+                self.sink(row)
 
     def flush(self, *, wait: bool = False) -> None:
         """Hand the sink every queued row whose device values (and every earlier row's) have landed;
         with ``wait``, all of them, blocking until they land."""
+        if not self._queue:
+            return
+        if wait:  # (the device's time, not the instrumentation's: not counted in host_seconds)
+            for row in self._queue:
+                for v in row.values():
+                    if isinstance(v, Deferred):
+                        v.wait()
+        with self.timing():
+            self._flush()
+
+    def _flush(self) -> None:
         ready = 0
         for row in self._queue:
-            values = [v for v in row.values() if isinstance(v, Deferred)]
-            if wait:
-                for v in values:
-                    v.wait()
-            elif not all(v.ready() for v in values):
+            if not all(v.ready() for v in row.values() if isinstance(v, Deferred)):
                 break
             ready += 1
         rows, self._queue = self._queue[:ready], self._queue[ready:]

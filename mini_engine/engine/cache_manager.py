@@ -169,11 +169,14 @@ class CacheManager:
     def _copy_reported(self, type_: str, dst: int, src: int, length: int, **ids) -> None:
         """Device-side body of a restore or clone: copy, and (instrumented) report the checksum of the
         source as read and of the destination as written, at the moment the copy runs."""
-        read = self.states.checksum(src, length) if self.events.enabled else None
+        if self.events.enabled:
+            with self.events.timing():
+                read = self.states.checksum(src, length)
         self.states.copy_slot(dst, src, length, recurrent=not (type_ == "restore_read" and self._restore_rec_off))
         if self.events.enabled:
-            self.events.emit(type_, src=src, dst=dst, position=length, src_checksum=read,
-                             checksum=self.states.checksum(dst, length), **ids)
+            with self.events.timing():
+                self.events.emit(type_, src=src, dst=dst, position=length, src_checksum=read,
+                                 checksum=self.states.checksum(dst, length), **ids)
 
     def _barrier(self, stream: Stream, slots: list[int], *, site: str, **ids) -> None:
         """The admission / donation barrier: ``stream``'s next op waits for the other streams' last
@@ -274,8 +277,9 @@ class CacheManager:
                              prefix=prefix, stored=result.snapshot_stored, policy=self.config.donate_policy)
             if self.reference_checksum is not None:
                 media = [m for p, m in zip(request.media_positions, request.media) if p < len(tokens)]
-                self.events.emit("reference_state", prefix=prefix, position=len(tokens),
-                                 checksum=self.reference_checksum(tokens, media))
+                with self.events.timing():  # a cold forward of the prefix: the "+ refs" ledger's own work
+                    self.events.emit("reference_state", prefix=prefix, position=len(tokens),
+                                     checksum=self.reference_checksum(tokens, media))
 
     def finish(self, request: Request) -> None:
         """Donate the final state (``transfer`` only: the live slot, zero-copy, when the computed length

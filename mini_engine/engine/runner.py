@@ -153,14 +153,14 @@ class ModelRunner:
             self.states.next_token.index_copy_(0, slots, tokens)
         if not self.events.enabled:
             return
-        # the forward's checksums together (each item wrote its own slots): a few launches, not a few per item
-        if sampled:
-            batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(batch.sampled.device))
-        written = self.states.checksums([it.live_slot for it in items], [it.start + it.length for it in items])
-        for i, it, checksum, track in zip(indices, items, written, wrote_track):
-            read = None if it.tokens is not None else \
-                self._table_reads([it], torch.tensor(pages[i], dtype=torch.int32)[None])[0]
-            self._report_writes(batch.index, it, checksum, track, read)
+        with self.events.timing():  # the forward's checksums together (each item wrote its own slots)
+            if sampled:
+                batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(batch.sampled.device))
+            written = self.states.checksums([it.live_slot for it in items], [it.start + it.length for it in items])
+            for i, it, checksum, track in zip(indices, items, written, wrote_track):
+                read = None if it.tokens is not None else \
+                    self._table_reads([it], torch.tensor(pages[i], dtype=torch.int32)[None])[0]
+                self._report_writes(batch.index, it, checksum, track, read)
 
     def _decode_in_place(self, batch: Batch, indices: list[int], table: torch.Tensor) -> None:
         """Decode items ``indices`` (one token each, their page tables the resident ``table`` rows) through
@@ -180,9 +180,10 @@ class ModelRunner:
         rows = upload(torch.tensor(indices), device)
         batch.sampled[:, 0].index_copy_(0, rows, tokens)
         if self.events.enabled:  # the batch's checksums together: a few launches, not a few per item
-            batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(device))
-            written = self.states.checksums(slots, [it.start + it.length for it in items])
-            reads = self._table_reads(items, table[: len(items)])
+            with self.events.timing():
+                batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(device))
+                written = self.states.checksums(slots, [it.start + it.length for it in items])
+                reads = self._table_reads(items, table[: len(items)])
         for r, it in enumerate(items):
             # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
             wrote_track = it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer
@@ -198,16 +199,17 @@ class ModelRunner:
         snapshot it wrote, and (a decode item) ``read`` = (checksum, match) of the page table the step read
         against the one staged for it (the metadata a kernel really saw). On CUDA the checksums stay on the
         device until the ledger reads them (``ops.checksum.deferred``)."""
-        self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
-                         position=it.start + it.length, checksum=written)
-        if wrote_track:
-            track = it.track
-            self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=track.slot,
-                             position=track.position, checksum=self.states.checksum(track.slot, track.position))
-        if it.tokens is None:
-            read_checksum, match = read
-            self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read_checksum,
-                             staged_checksum=self._staged_digest(it.pages), match=match)
+        with self.events.timing():
+            self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
+                             position=it.start + it.length, checksum=written)
+            if wrote_track:
+                track = it.track
+                self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=track.slot,
+                                 position=track.position, checksum=self.states.checksum(track.slot, track.position))
+            if it.tokens is None:
+                read_checksum, match = read
+                self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read_checksum,
+                                 staged_checksum=self._staged_digest(it.pages), match=match)
 
     def _table_reads(self, items: list[BatchItem], table: torch.Tensor) -> list[tuple | None]:
         """Per item, the (checksum, match) of the page-table row a decode step read (``table`` row r, cut to

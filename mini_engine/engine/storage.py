@@ -43,6 +43,7 @@ class StateStorage:
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
         self.run = device.zeros(*shape, *heads) if running else None
         self.run_rows = device.zeros(*shape, dtype=torch.int32).fill_(-1) if running else None
+        self.hashed_bytes = 0  # what ``checksums`` has read: the slot ledger's device work
 
     def forget_running(self, slot: int) -> None:
         """The slot's bytes were written by something other than a decode step: its memo is stale."""
@@ -84,6 +85,7 @@ class StateStorage:
     def checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
         """``checksum`` of each (slot, length): ints, or on CUDA ``DeviceDigest``s of the same bytes computed
         together, one pass per pool for all the slots (no copy of a slot, no sync)."""
+        self.hashed_bytes += sum(self.nbytes(n) for n in lengths)
         if not self.conv.is_cuda:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
         from mini_engine.ops.checksum.triton import checksum_lanes

@@ -339,6 +339,26 @@ def test_bfloat16_projections_serve_hits_with_the_cold_tokens(tiny_model):
     assert [r.output_ids for r in hot] == [r.output_ids for r in cold]
 
 
+def test_the_ledger_counts_its_own_work(tiny_model):
+    """The slot ledger's own work: every byte its checksums read (one slot state per checksum field of a slot
+    row) and the host time it took; an engine without a sink counts neither."""
+    rnd = random.Random(5)
+    prefix = tokens(rnd, 130)
+    rows = []
+    engines = [Engine(EngineConfig(), model=tiny_model, sink=sink) for sink in (rows.append, None)]
+    for engine in engines:
+        for n in (3, 20, 70):
+            engine.submit(prefix + tokens(rnd, n), SamplingParams(max_tokens=5))
+        drive(engine)
+    ledger, plain = engines
+    fields = {"slot_write": ("checksum",), "snapshot_write": ("checksum",), "clone_written": ("src_checksum", "checksum"),
+              "restore_read": ("src_checksum", "checksum")}
+    expected = sum(ledger.states.nbytes(r["position"]) for r in rows for f in fields.get(r["type"], ()) if f in r)
+    assert expected > 0 and ledger.states.hashed_bytes == expected
+    assert ledger.events.host_seconds > 0
+    assert plain.states.hashed_bytes == 0 and plain.events.host_seconds == 0
+
+
 @pytest.mark.parametrize("policy", ["copy", "transfer"])
 def test_the_engine_counts_its_safeguards_work(tiny_model, policy):
     """copy-on-donate counts each clone and the bytes it moves (the rows in the ledger's clone events); the
