@@ -8,8 +8,9 @@
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
 #   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
 #              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
-#              off, the ledger on, the reference prefill)
-#   prefill    benchmarks/gpu_prefill.py (the engine's prefill, Triton sequence ops vs the references) and
+#              off, the ledger on; the safeguards' and the ledger's own work priced on the device)
+#   prefill    benchmarks/gpu_prefill.py (the engine's prefill and the model forward: the Triton kernels,
+#              the Triton sequence ops with the tiled reference gemm, the references; a profile) and
 #              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
 #   kernels    benchmarks/gdn_kernels.py and benchmarks/small_kernels.py
 #
@@ -49,11 +50,11 @@ case "$part" in
     engine)
         step 300 gpu_engine python3 benchmarks/gpu_engine.py --variants graphs graphs-bf16 --out "$out/gpu_engine.json"
         step 240 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 5 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
-            "copy, overlap, reference prefill" \
+            --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json" ;;
     prefill)
-        step 300 gpu_prefill python3 benchmarks/gpu_prefill.py --out "$out/gpu_prefill.json"
+        step 300 gpu_prefill python3 benchmarks/gpu_prefill.py --chunks 512 --repeats 2 \
+            --profile "$out/gpu_prefill_profile.txt" --out "$out/gpu_prefill.json"
         step 240 triton_compiles python3 benchmarks/triton_compiles.py --out "$out/triton_compiles.json" ;;
     kernels)
         step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"  # fla: carry fla-core

@@ -135,7 +135,7 @@ class KVStorage:
     def gather(self, pages: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """KV of positions [0, length) through a page table -> two [L_full, length, Hkv, D] tensors."""
         n = -(-length // self.page_size)
-        index = torch.tensor(pages[:n], dtype=torch.long)
+        index = upload(torch.tensor(pages[:n], dtype=torch.long), self.keys.device)  # (a host index would sync)
         out = []
         for t in (self.keys, self.values):
             rows = t[index].transpose(0, 1).reshape(t.shape[1], n * self.page_size, *t.shape[3:])
@@ -145,7 +145,7 @@ class KVStorage:
     def scatter(self, pages: list[int], start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write [L_full, n, Hkv, D] KV for positions [start, start + n) through a page table."""
         positions = torch.arange(start, start + keys.shape[1])
-        page_index = torch.tensor(pages, dtype=torch.long)[positions // self.page_size]
-        offsets = positions % self.page_size
+        page_index = upload(torch.tensor(pages, dtype=torch.long)[positions // self.page_size], self.keys.device)
+        offsets = upload(positions % self.page_size, self.keys.device)
         self.keys[page_index, :, offsets] = keys.transpose(0, 1)
         self.values[page_index, :, offsets] = values.transpose(0, 1)
