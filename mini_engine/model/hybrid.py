@@ -135,7 +135,7 @@ class HybridModel(nn.Module):
         for i, entry in enumerate(media or ()):
             if entry is not None:
                 rows, features = entry
-                x[batch.rows(i).start + rows] = self.media_projector(upload(features, self.device))
+                x[upload(batch.rows(i).start + rows, self.device)] = self.media_projector(upload(features, self.device))
         return x
 
     def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int, kernels: str,
