@@ -37,15 +37,31 @@ class GatedAttention(nn.Module):
         """past_*: per sequence [start, Hkv, D]. Returns (output, new keys, new values) with new K/V [N, Hkv, D].
         ``kernels``: the attention's implementation (``mini_engine.model.kernels``)."""
         n = h.shape[0]
-        q, gate = ops.linear(kernels, h, self.q_proj.weight).reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
         positions = upload(batch.positions, h.device)
-        q = self.rotary(self.q_norm(q), positions)
-        k = self.rotary(self.k_norm(ops.linear(kernels, h, self.k_proj.weight).reshape(n, self.hkv, self.d)), positions)
-        v = ops.linear(kernels, h, self.v_proj.weight).reshape(n, self.hkv, self.d)
+        q_gate = ops.linear(kernels, h, self.q_proj.weight)  # per query head: its d query channels, then its gate's
+        if kernels == "triton":  # the norms, RoPE and the layout in one row kernel (the decode step's)
+            from mini_engine.ops.decode_rows.triton import qk_norm_rope
+
+            qkv = torch.cat([q_gate, ops.linear(kernels, h, self.k_proj.weight),
+                             ops.linear(kernels, h, self.v_proj.weight)], dim=-1)
+            q, k, v = qk_norm_rope(qkv=qkv, batch=n, positions=positions, q_weight=self.q_norm.weight,
+                                   k_weight=self.k_norm.weight, inv_freq=self.rotary.frequencies(h.device),
+                                   eps=self.q_norm.eps, heads=(self.hq, self.hkv), head_dim=self.d)
+        else:
+            q, gate = q_gate.reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
+            q = self.rotary(self.q_norm(q), positions)
+            k = ops.linear(kernels, h, self.k_proj.weight).reshape(n, self.hkv, self.d)
+            k = self.rotary(self.k_norm(k), positions)
+            v = ops.linear(kernels, h, self.v_proj.weight).reshape(n, self.hkv, self.d)
         keys = torch.cat([t for i in range(batch.size) for t in (past_keys[i], k[batch.rows(i)])])
         values = torch.cat([t for i in range(batch.size) for t in (past_values[i], v[batch.rows(i)])])
         key_lengths = [batch.starts[i] + batch.lengths[i] for i in range(batch.size)]
         cu_k = torch.tensor([0, *torch.tensor(key_lengths).cumsum(0).tolist()])
         out = ops.attention(kernels, q=q, k=keys, v=values, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_k)
-        out = out.reshape(n, self.hq * self.d) * inv.sigmoid(gate.reshape(n, self.hq * self.d))
+        if kernels == "triton":
+            from mini_engine.ops.decode_rows.triton import sigmoid_mul
+
+            out = sigmoid_mul(attn=out, qkv=qkv, heads=self.hq, head_dim=self.d, rows=n, out_dtype=torch.float32)
+        else:
+            out = out.reshape(n, self.hq * self.d) * inv.sigmoid(gate.reshape(n, self.hq * self.d))
         return ops.linear(kernels, out, self.o_proj.weight), k, v

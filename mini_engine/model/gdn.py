@@ -60,12 +60,20 @@ class GatedDeltaNet(nn.Module):
         mixed = ops.linear(kernels, h, self.in_proj_qkv.weight)
         conv = ops.conv(kernels, x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
                         initial_state=conv_state)
+        z = ops.linear(kernels, h, self.in_proj_z.weight)
+        if kernels == "triton":  # the l2 norms, the gates and the row layout in one row kernel (the decode step's)
+            from mini_engine.ops.decode_rows.triton import gdn_rows
+
+            rows = gdn_rows(conv=conv.output, a=ops.linear(kernels, h, self.in_proj_a.weight),
+                            b=ops.linear(kernels, h, self.in_proj_b.weight), A_log=self.A_log, dt_bias=self.dt_bias,
+                            heads=(self.hk, self.hv), head_dims=(self.dk, self.dv))
+            return rows, z, mixed, conv.final_state
         q, k, v = conv.output.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = inv.l2_normalize(q.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
         k = inv.l2_normalize(k.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
         g, beta = self.gates(h, kernels)
         rows = torch.cat([q, k, v, g, beta], dim=-1)
-        return rows, ops.linear(kernels, h, self.in_proj_z.weight), mixed, conv.final_state
+        return rows, z, mixed, conv.final_state
 
     def gates(self, h: torch.Tensor, kernels: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
         """Per token and value head: the log-decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``."""
@@ -112,8 +120,15 @@ class GatedDeltaNet(nn.Module):
         return self._output(result.output, z)
 
     def _output(self, core: torch.Tensor, z: torch.Tensor, kernels: str = "reference") -> torch.Tensor:
-        """Gated RMSNorm of the rule's output [N, Hv, V] with silu(z), then the output projection."""
-        gated = self.norm(core.reshape(-1, self.dv), z.reshape(-1, self.dv)).reshape(-1, self.value_dim)
+        """Gated RMSNorm of the rule's output [N, Hv, V] with silu(z), then the output projection ("triton": the
+        norm in one row kernel, the decode step's)."""
+        if kernels == "triton":
+            from mini_engine.ops.decode_rows.triton import gated_rms_norm
+
+            gated = gated_rms_norm(core=core, z=z, weight=self.norm.weight, eps=self.norm.eps, rows=core.shape[0],
+                                   out_dtype=torch.float32)
+        else:
+            gated = self.norm(core.reshape(-1, self.dv), z.reshape(-1, self.dv)).reshape(-1, self.value_dim)
         return ops.linear(kernels, gated, self.out_proj.weight)
 
     @staticmethod

@@ -116,11 +116,12 @@ class HybridModel(nn.Module):
         batch = PackedBatch(tuple(s.length for s in states), tuple(t.numel() for t in tokens))
         x = self._embed(tokens, batch, media)
         linear_out, kv_out = [], []
+        delta = None  # "triton": the last block's output, not yet added to x (the next norm adds it)
         for layer in self.model.layers:
-            x, produced = self._layer(layer, x, batch, states, len(linear_out), len(kv_out), kernels,
-                                      snapshots == "last")
+            x, delta, produced = self._layer(layer, x, delta, batch, states, len(linear_out), len(kv_out), kernels,
+                                             snapshots == "last")
             (linear_out if layer.layer_type == LINEAR else kv_out).append(produced)
-        x = self.model.norm(x)
+        x = self._norm(self.model.norm, x, delta, kernels)
         picks = [batch.rows(i) if all_logits else slice(batch.rows(i).stop - 1, batch.rows(i).stop)
                  for i in range(batch.size)]
         logits = ops.linear(kernels, torch.cat([x[p] for p in picks]), self.head_weight)
@@ -138,9 +139,21 @@ class HybridModel(nn.Module):
                 x[upload(batch.rows(i).start + rows, self.device)] = self.media_projector(upload(features, self.device))
         return x
 
-    def _layer(self, layer: DecoderLayer, x, batch, states, lin_idx: int, full_idx: int, kernels: str,
+    @staticmethod
+    def _norm(norm: OffsetRMSNorm, x: torch.Tensor, delta: torch.Tensor | None, kernels: str) -> torch.Tensor:
+        """``norm(x + delta)``. "triton": one row kernel (the decode step's) that also adds ``delta`` into ``x`` in
+        place; the reference path adds as it goes and always passes None."""
+        if kernels != "triton":
+            return norm(x)
+        from mini_engine.ops.decode_rows.triton import add_rms_norm
+
+        return add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=torch.float32)
+
+    def _layer(self, layer: DecoderLayer, x, delta, batch, states, lin_idx: int, full_idx: int, kernels: str,
                last_boundary_only: bool):
-        h = layer.input_layernorm(x)
+        """One decoder layer: returns (x, the MLP's output still to add (the triton path) or None, what the mixer
+        produced for the state)."""
+        h = self._norm(layer.input_layernorm, x, delta, kernels)
         if layer.layer_type == LINEAR:
             state = LinearLayerState(torch.stack([s.conv[lin_idx] for s in states]),
                                      torch.stack([s.rec[lin_idx] for s in states]),
@@ -150,8 +163,10 @@ class HybridModel(nn.Module):
             out, k, v = layer.self_attn(h, batch, [s.keys[full_idx] for s in states],
                                         [s.values[full_idx] for s in states], kernels)
             produced = (k, v)
+        if kernels == "triton":
+            return x, layer.mlp(self._norm(layer.post_attention_layernorm, x, out, kernels), kernels), produced
         x = x + out
-        return x + layer.mlp(layer.post_attention_layernorm(x), kernels), produced
+        return x + layer.mlp(layer.post_attention_layernorm(x), kernels), None, produced
 
     @staticmethod
     def _advance(i: int, batch: PackedBatch, old: SequenceState, linear_out: list[LinearLayerState],

@@ -53,8 +53,15 @@ class SwiGLU(nn.Module):
         self.down_proj = new_linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor, kernels: str = "reference") -> torch.Tensor:
-        """``kernels``: the projections' implementation (``mini_engine.model.kernels``)."""
-        hidden = inv.silu(ops.linear(kernels, x, self.gate_proj.weight)) * ops.linear(kernels, x, self.up_proj.weight)
+        """``kernels``: the projections' implementation (``mini_engine.model.kernels``); "triton" also takes
+        SiLU(gate) * up in one row kernel (the decode step's)."""
+        gate, up = ops.linear(kernels, x, self.gate_proj.weight), ops.linear(kernels, x, self.up_proj.weight)
+        if kernels == "triton":
+            from mini_engine.ops.decode_rows.triton import silu_mul
+
+            hidden = silu_mul(gate_up=torch.cat([gate, up], dim=-1), out_dtype=torch.float32)
+        else:
+            hidden = inv.silu(gate) * up
         return ops.linear(kernels, hidden, self.down_proj.weight)
 
 
