@@ -91,17 +91,19 @@ class GatedDeltaNet(nn.Module):
         """``kernels``: the sequence ops' and projections' implementation (``mini_engine.model.kernels``).
         ``last_boundary_only``: the conv states of the last boundary each sequence crosses, not of all."""
         rows, z, mixed, conv_final = self._prepare(h, batch, state.conv, kernels)
-        aligned = [torch.cat([state.pending[i], rows[batch.rows(i)]]) for i in range(batch.size)]
-        cu = torch.tensor([0, *torch.tensor([a.shape[0] for a in aligned]).cumsum(0).tolist()])
-        q, k, v, g, beta = self._split(torch.cat(aligned))
+        # each sequence's pending rows, then its new ones, all sequences in one copy
+        packed = torch.cat([t for i in range(batch.size) for t in (state.pending[i], rows[batch.rows(i)])])
+        totals = [state.pending[i].shape[0] + batch.lengths[i] for i in range(batch.size)]
+        cu = torch.tensor([0, *torch.tensor(totals).cumsum(0).tolist()])
+        q, k, v, g, beta = self._split(packed)
         result = ops.gated_delta_rule(kernels, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, initial_state=state.rec)
         outputs, new_rec, new_pending, boundary_conv = [], [], [], []
         for i in range(batch.size):
-            n_pending, n_total = state.pending[i].shape[0], aligned[i].shape[0]
+            n_pending, n_total = state.pending[i].shape[0], totals[i]
             outputs.append(result.output[cu[i] + n_pending : cu[i] + n_total])
             crossed = result.boundary_states[i]
             new_rec.append(crossed[-1] if crossed.shape[0] else state.rec[i])
-            new_pending.append(aligned[i][n_total - n_total % SNAPSHOT_ALIGN :])
+            new_pending.append(packed[cu[i] + n_total - n_total % SNAPSHOT_ALIGN : cu[i] + n_total])
             boundary_conv.append(self._boundary_conv(state.conv[i], mixed[batch.rows(i)], batch.starts[i],
                                                      last_boundary_only))
         new_state = LinearLayerState(conv_final, torch.stack(new_rec), new_pending, boundary_conv,

@@ -173,16 +173,17 @@ class HybridModel(nn.Module):
                  kv_out: list[tuple[torch.Tensor, torch.Tensor]], last_only: bool,
                  ) -> tuple[SequenceState, list[Snapshot]]:
         rows = batch.rows(i)
-        new_keys = [torch.cat([old.keys[j], k[rows]]) for j, (k, _) in enumerate(kv_out)]
-        new_values = [torch.cat([old.values[j], v[rows]]) for j, (_, v) in enumerate(kv_out)]
+        # [layers, old length + new, Hkv, D]: two copies per tensor, not one per layer and a stack
+        keys = torch.cat([old.keys, torch.stack([k[rows] for k, _ in kv_out])], dim=1) if kv_out else old.keys
+        values = torch.cat([old.values, torch.stack([v[rows] for _, v in kv_out])], dim=1) if kv_out else old.values
         state = SequenceState(
             length=old.length + batch.lengths[i],
             conv=torch.stack([l.conv[i] for l in linear_out]) if linear_out else old.conv,
             rec=torch.stack([l.rec[i] for l in linear_out]) if linear_out else old.rec,
             pending=(torch.stack([l.pending[i] for l in linear_out]) if linear_out
                      else old.pending.new_zeros(0, (old.length + batch.lengths[i]) % SNAPSHOT_ALIGN, 0)),
-            keys=torch.stack(new_keys) if new_keys else old.keys,
-            values=torch.stack(new_values) if new_values else old.values,
+            keys=keys,
+            values=values,
         )
         first = old.length // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN + SNAPSHOT_ALIGN
         positions = range(first, state.length + 1, SNAPSHOT_ALIGN)
