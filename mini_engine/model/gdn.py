@@ -12,6 +12,7 @@ see ``mini_engine.model.state``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 from torch import nn
@@ -94,16 +95,17 @@ class GatedDeltaNet(nn.Module):
         # each sequence's pending rows, then its new ones, all sequences in one copy
         packed = torch.cat([t for i in range(batch.size) for t in (state.pending[i], rows[batch.rows(i)])])
         totals = [state.pending[i].shape[0] + batch.lengths[i] for i in range(batch.size)]
-        cu = torch.tensor([0, *torch.tensor(totals).cumsum(0).tolist()])
+        starts = [0, *accumulate(totals)]  # host ints: slicing by them costs no tensor op
+        cu = torch.tensor(starts)
         q, k, v, g, beta = self._split(packed)
         result = ops.gated_delta_rule(kernels, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, initial_state=state.rec)
         outputs, new_rec, new_pending, boundary_conv = [], [], [], []
         for i in range(batch.size):
             n_pending, n_total = state.pending[i].shape[0], totals[i]
-            outputs.append(result.output[cu[i] + n_pending : cu[i] + n_total])
+            outputs.append(result.output[starts[i] + n_pending : starts[i] + n_total])
             crossed = result.boundary_states[i]
             new_rec.append(crossed[-1] if crossed.shape[0] else state.rec[i])
-            new_pending.append(packed[cu[i] + n_total - n_total % SNAPSHOT_ALIGN : cu[i] + n_total])
+            new_pending.append(packed[starts[i] + n_total - n_total % SNAPSHOT_ALIGN : starts[i] + n_total])
             boundary_conv.append(self._boundary_conv(state.conv[i], mixed[batch.rows(i)], batch.starts[i],
                                                      last_boundary_only))
         new_state = LinearLayerState(conv_final, torch.stack(new_rec), new_pending, boundary_conv,
