@@ -4,7 +4,8 @@ On a GPU a prefill forward is host-bound once its kernels are fast: its time is 
 every launch. This counts them on the CPU, where the count is the same as on a GPU: the Triton kernels
 run in the interpreter (``TRITON_INTERPRET=1``, set here), each launch counted once and its insides
 left out, and torch.profiler lists the top-level aten ops, of which the ones that compute (not views,
-not allocations, not host-only dtype or device no-ops) would each be a device launch. Counts are
+not allocations, not dtype or device no-ops) are each a dispatch, and a device launch unless they work
+on host tensors (offsets, positions: a few per layer). Counts are
 deterministic: no repeats, no spread.
 
 Usage: ``python benchmarks/forward_launches.py [--lengths 200 30 30 30] [--kernels triton reference]
@@ -49,8 +50,9 @@ def count(model, prompts: list[torch.Tensor], kernels: str, snapshots: str) -> d
     try:
         model(prompts, [model.new_state() for _ in prompts], kernels=kernels, **extra)  # warm: compiles nothing,
         launches.clear()                                                                  # but fills caches
+        states = [model.new_state() for _ in prompts]
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(prompts, [model.new_state() for _ in prompts], kernels=kernels, **extra)
+            model(prompts, states, kernels=kernels, **extra)
     finally:
         InterpretedFunction.run = run
     aten: collections.Counter = collections.Counter()
