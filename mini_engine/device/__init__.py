@@ -32,9 +32,9 @@ def unavailable(name: str) -> str | None:
 def upload(host, device):
     """``host`` (a tensor) on ``device`` without synchronising: a CPU tensor bound for a GPU goes through pinned
     memory, non-blocking, on the current stream (a plain copy from pageable memory waits for everything queued
-    there, so the host stops running ahead of the device: 31 such waits in one 0.8B prefill forward, measured).
-    The caching host allocator keeps the pinned copy until the transfer has run, and the caller's tensor may
-    change at once. Anything else is ``host.to(device)``."""
+    there, so the host stops running ahead of the device: 31 waits in one 0.8B prefill forward, measured, as
+    many as it made such uploads). The caching host allocator keeps the pinned copy until the transfer has run,
+    and the caller's tensor may change at once. Anything else is ``host.to(device)``."""
     import torch
 
     device = torch.device(device)
