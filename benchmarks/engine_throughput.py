@@ -152,7 +152,7 @@ def main() -> None:
     print("the safeguards' own work in the base's median run (a readback's wait includes the copy stream's "
           "queue and, through its predecessor wait, the forward that last read the buffer: an upper bound of "
           "the fence's cost; on the sim, whatever device work the wait makes run)")
-    work = sorted(base_runs, key=lambda r: r["seconds"])[len(base_runs) // 2]["safeguard_work"]
+    work = _median_run(base_runs)["safeguard_work"]
     seconds = statistics.median(r["seconds"] for r in base_runs)
     print(f"  copy-on-donate: {work['clones']} clones, {work['clone_bytes'] / 1e6:.1f} MB; barriers: "
           f"{work['waits']} waits queued; metadata fence: {work['readbacks']} readbacks blocking the host "
@@ -160,8 +160,7 @@ def main() -> None:
     ledger_mode = next((m for m in args.modes if MODES[m].get(LEDGER)), None)
     ledger = None
     if ledger_mode is not None:
-        ledger_runs = rows[ledger_mode]
-        median = sorted(ledger_runs, key=lambda r: r["seconds"])[len(ledger_runs) // 2]
+        median = _median_run(rows[ledger_mode])
         ledger = {"mode": ledger_mode, "seconds": median["seconds"], "rows": median["ledger_rows"],
                   "hashed_bytes": median["safeguard_work"]["hashed_bytes"],
                   "host_seconds": median["safeguard_work"]["ledger_host_seconds"]}
@@ -210,38 +209,32 @@ def profile(model, options: dict, settings: dict, path: str) -> None:
             f.write(averages.table(sort_by="self_cuda_time_total", row_limit=30) + "\n")
 
 
-def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> float:
-    """This GPU's device-to-device copy rate in bytes/s (read plus written), the median of ``reps`` copies."""
+def _device_seconds(fn) -> float:
+    """Median device time of ``fn`` (triton's do_bench, L2 flushed between runs, as the kernel benchmarks time)."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=50, return_mode="median") / 1e3
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """This GPU's device-to-device copy rate in bytes/s (read plus written)."""
     source = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
     target = torch.empty_like(source)
-    target.copy_(source)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        target.copy_(source)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / statistics.median(times)
+    return 2 * nbytes / _device_seconds(lambda: target.copy_(source))
 
 
-def checksum_rate(nbytes: int = 1 << 30, reps: int = 10) -> float:
-    """Bytes/s the slot checksum reads on this GPU: one pass over a pool of 32 slots (the median of ``reps``)."""
+def checksum_rate(nbytes: int = 1 << 30) -> float:
+    """Bytes/s the slot checksum reads on this GPU: one pass over a pool of 32 slots."""
     from mini_engine.ops.checksum.triton import checksum_lanes
 
     pool = torch.empty(32, nbytes // 4 // 32, dtype=torch.float32, device="cuda").normal_()
     slots = torch.arange(32, dtype=torch.int32, device="cuda")
-    checksum_lanes(pool=pool, slots=slots)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        checksum_lanes(pool=pool, slots=slots)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return pool.numel() * 4 / statistics.median(times)
+    return pool.numel() * 4 / _device_seconds(lambda: checksum_lanes(pool=pool, slots=slots))
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median time (the upper middle of an even count)."""
+    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
 def _shape_08b_model():

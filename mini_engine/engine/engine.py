@@ -234,10 +234,11 @@ class Engine:
             raise RuntimeError("warm_up needs an idle engine (nothing queued, running or in flight)")
         started, first_step = time.perf_counter(), self.steps
         rng = random.Random(seed)
+        tokens = min(256, self.model.config.vocab_size)  # byte ids, within any model's vocabulary
         length = min(SNAPSHOT_ALIGN + 1, self.config.max_context - WARM_UP_TOKENS)
         rids = []
         for batch in range(1, self.config.max_running + 1):
-            rids += [self.submit([rng.randrange(256) for _ in range(length)], SamplingParams(max_tokens=WARM_UP_TOKENS),
+            rids += [self.submit([rng.randrange(tokens) for _ in range(length)], SamplingParams(max_tokens=WARM_UP_TOKENS),
                                  extra_key=WARM_UP_KEY) for _ in range(batch)]
             self.run()
         for rid in rids:
