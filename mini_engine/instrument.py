@@ -24,8 +24,7 @@ the checksums themselves).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Deferred", "Instrumentation", "Sink"]
@@ -57,8 +56,7 @@ class Instrumentation:
         self.step = 0
         self._seq = 0
         self._queue: list[dict[str, Any]] = []  # rows waiting for their own or an earlier row's device values
-        self.host_seconds = 0.0  # host time inside emit, flush and timing() (nested uses counted once)
-        self._depth = 0
+        self._timer = _HostTimer()  # host time inside emit, flush and timing() (nested uses counted once)
 
     @property
     def enabled(self) -> bool:
@@ -69,17 +67,15 @@ class Instrumentation:
         """Rows emitted but not yet handed to the sink (waiting for device values)."""
         return len(self._queue)
 
-    @contextmanager
-    def timing(self) -> Iterator[None]:
-        """Count the host time inside as the instrumentation's own (``host_seconds``); nested uses count once."""
-        self._depth += 1
-        started = time.perf_counter() if self._depth == 1 else 0.0
-        try:
-            yield
-        finally:
-            self._depth -= 1
-            if self._depth == 0:
-                self.host_seconds += time.perf_counter() - started
+    @property
+    def host_seconds(self) -> float:
+        """The instrumentation's own host time so far (see the module's docstring)."""
+        return self._timer.seconds
+
+    def timing(self) -> _HostTimer:
+        """``with events.timing():`` counts the host time inside as the instrumentation's own; nested uses count
+        once. (A plain object, not a generator: it runs once per ledger row.)"""
+        return self._timer
 
     def emit(self, type_: str, **fields: Any) -> None:
         if self.sink is None:
@@ -122,3 +118,24 @@ class Instrumentation:
                 row[key] = value
         for row in rows:
             self.sink(row)
+
+
+class _HostTimer:
+    """A reentrant context manager adding the time spent inside its outermost use to ``seconds``."""
+
+    __slots__ = ("_depth", "_started", "seconds")
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._started = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._started
