@@ -3,7 +3,10 @@
 
 Shape (the issue's): hidden 1024, 24 layers in the 3:1 pattern, 16 linear key/value heads of 128,
 8 query / 2 KV attention heads of 256, intermediate 3584, over the byte tokenizer (vocabulary 260,
-so the embedding and head are small and the weights are the layers'). Weights are seeded
+so the embedding and head are small and the weights are the layers'), or with ``--vocab 248320``
+Qwen3.5's own vocabulary: a tied embedding and head of 0.5 GB in bfloat16, the model the issue's
+roofline (1.6 GB of weights) and its transformers figures describe; the head's gemm then streams that
+half gigabyte every step, and ids past the byte tokenizer render as U+FFFD. Weights are seeded
 (``init_weights``), written once as a Hugging Face checkpoint and read by both engines.
 
 The engine's decode throughput is timed inside a run of ``--long`` new tokens per sequence, from the
@@ -24,7 +27,7 @@ row's roofline is one read of the weights in its own dtype. ``--profile FILE`` w
 tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes).
 
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
-[--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--profile FILE] [--out FILE]``.
+[--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--vocab N] [--profile FILE] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -47,9 +50,14 @@ from mini_engine.model.config import FULL, LINEAR, ModelConfig  # noqa: E402
 from mini_engine.model.loader import save_pretrained  # noqa: E402
 
 
-def shape_08b() -> ModelConfig:
+QWEN35_VOCAB = 248_320  # Qwen3.5's vocabulary: the 0.5 GB (bf16) tied embedding and head of the real 0.8B model
+
+
+def shape_08b(vocab: int | None = None) -> ModelConfig:
+    """The issue's shape over the byte tokenizer's vocabulary, or ``vocab`` ids (``QWEN35_VOCAB``: the real
+    model's, whose tied embedding and head make up the 1.6 GB the issue's roofline counts)."""
     tokenizer = ByteTokenizer()
-    return ModelConfig(vocab_size=tokenizer.vocab_size, hidden_size=1024, intermediate_size=3584,
+    return ModelConfig(vocab_size=vocab or tokenizer.vocab_size, hidden_size=1024, intermediate_size=3584,
                        layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 6, num_attention_heads=8, num_key_value_heads=2,
                        head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
                        linear_value_head_dim=128, tie_word_embeddings=True, max_position_embeddings=8192,
@@ -164,6 +172,8 @@ def main() -> None:
                         help="write torch.profiler tables of a run at the largest batch here")
     parser.add_argument("--profile-batch", type=int, default=None, help="the batch profiled (default: the largest)")
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help=f"vocabulary size (default: the byte tokenizer's 260; {QWEN35_VOCAB}: Qwen3.5's)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     import transformers
@@ -171,7 +181,7 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()
 
-    config = shape_08b()
+    config = shape_08b(args.vocab)
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(init_weights(HybridModel(config)), folder)
         ours = load_pretrained(folder).cuda()
@@ -198,7 +208,8 @@ def main() -> None:
     for r in rows:  # steps/s if every step read every weight once at the copy bandwidth
         r["roofline_steps_per_s"] = args.bandwidth / r["weight_bytes"]
     device = torch.cuda.get_device_name()
-    print(f"{device}; {config.name}; prompt {args.prompt}, decode {args.short}->{args.long} tokens; roofline: the "
+    print(f"{device}; {config.name}, vocabulary {config.vocab_size}; prompt {args.prompt}, decode {args.short}->"
+          f"{args.long} tokens; roofline: the "
           f"weights' bytes at {args.bandwidth / 1e12:.2f} TB/s")
     print(f"{'engine':<38}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'weights GB':>11}{'of roofline':>12}{'spread':>8}")
     for r in rows:
@@ -211,7 +222,7 @@ def main() -> None:
                   f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": device, "model": config.name, "bandwidth": args.bandwidth,
+            json.dump({"device": device, "model": config.name, "vocab": config.vocab_size, "bandwidth": args.bandwidth,
                        "prompt": args.prompt, "short": args.short,
                        "long": args.long, "rows": rows}, f, indent=2)
 

@@ -78,9 +78,12 @@ class Engine:
         self.config = config = config or EngineConfig()
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.tokenizer = ByteTokenizer()
         self.device = make_device(config.device, seed=config.device_seed)
         model = model if model is not None else load_model(config.model)
+        # a model with more ids than the byte tokenizer (random weights, a real model's vocabulary) can sample ids
+        # the tokenizer has no text for: they render as U+FFFD rather than fail the request
+        bytes_only = model.config.vocab_size <= ByteTokenizer().vocab_size
+        self.tokenizer = ByteTokenizer(unknown="raise" if bytes_only else "replace")
         # The weights live where the forwards run, in the configured dtype; a caller's model elsewhere or in
         # another dtype is copied, never changed.
         dtype = getattr(torch, config.dtype)

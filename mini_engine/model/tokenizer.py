@@ -19,10 +19,21 @@ SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, MEDIA_TOKEN)
 ROLES = ("system", "user", "assistant")
 
 
-class ByteTokenizer:
-    """UTF-8 bytes plus ``SPECIAL_TOKENS``; ``vocab_size`` = 256 + number of specials."""
+UNKNOWN_POLICIES = ("raise", "replace")  # ByteTokenizer(unknown=...): ids past the tokenizer's vocabulary
 
-    def __init__(self) -> None:
+
+class ByteTokenizer:
+    """UTF-8 bytes plus ``SPECIAL_TOKENS``; ``vocab_size`` = 256 + number of specials.
+
+    ``unknown``: what ``decode`` does with an id past the vocabulary: "raise" (the default: an error, not
+    silent garbage), or "replace" (render U+FFFD, as invalid UTF-8 is rendered), for an engine whose model has
+    a larger vocabulary than this tokenizer (a random-weight model with a real model's vocabulary), where
+    such ids are the model's output rather than bad input. Negative ids always raise."""
+
+    def __init__(self, *, unknown: str = "raise") -> None:
+        if unknown not in UNKNOWN_POLICIES:
+            raise ValueError(f"unknown must be one of {UNKNOWN_POLICIES}; got {unknown!r}")
+        self.unknown = unknown
         self.special_ids = {text: 256 + i for i, text in enumerate(SPECIAL_TOKENS)}
         self.special_texts = {i: text for text, i in self.special_ids.items()}
         self._split = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
@@ -53,7 +64,8 @@ class ByteTokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """Text of ``ids``; invalid UTF-8 is replaced, specials are rendered unless ``skip_special``."""
+        """Text of ``ids``; invalid UTF-8 is replaced, specials are rendered unless ``skip_special``, ids past the
+        vocabulary follow ``unknown``."""
         out: list[str] = []
         pending = bytearray()
         for token in ids:
@@ -63,6 +75,9 @@ class ByteTokenizer:
             out.append(pending.decode("utf-8", errors="replace"))
             pending.clear()
             if token not in self.special_texts:
+                if self.unknown == "replace" and token >= self.vocab_size:
+                    out.append("\ufffd")
+                    continue
                 raise ValueError(f"token id {token} is outside the vocabulary [0, {self.vocab_size})")
             if not skip_special:
                 out.append(self.special_texts[token])

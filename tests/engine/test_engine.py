@@ -403,3 +403,21 @@ def test_warm_up_serves_every_batch_size_and_leaves_nothing_a_request_can_hit(ti
     with pytest.raises(RuntimeError, match="idle engine"):
         engine.submit(first_prompt, SamplingParams(max_tokens=2))
         engine.warm_up()
+
+
+def test_a_model_with_more_ids_than_the_tokenizer_serves_text():
+    """A random-weight model with a larger vocabulary than the byte tokenizer (as the 0.8B benchmark's real-vocabulary
+    shape) samples ids the tokenizer has no text for: the result keeps the ids and renders them as U+FFFD."""
+    import dataclasses
+
+    from mini_engine.model import HybridModel
+    from mini_engine.model.builtin import builtin_config, init_weights
+
+    model = init_weights(HybridModel(dataclasses.replace(builtin_config("tiny-random"), vocab_size=4096)))
+    engine = Engine(EngineConfig(), model=model)
+    rid = engine.submit(tokens(random.Random(3), 40), SamplingParams(max_tokens=16, temperature=1.0, seed=5))
+    drive(engine)
+    result = engine.result(rid)
+    past = [t for t in result.output_ids if t >= engine.tokenizer.vocab_size]
+    assert past and all(t < 4096 for t in result.output_ids)
+    assert result.text.count("\ufffd") >= len(past)

@@ -81,3 +81,13 @@ def test_decode_rejects_out_of_vocab():
     """Unknown ids are an error, not silent garbage."""
     with pytest.raises(ValueError, match="outside the vocabulary"):
         ByteTokenizer().decode([65, 999])
+
+
+def test_decode_can_render_ids_past_the_vocabulary():
+    """A tokenizer made for a model with a larger vocabulary renders those ids as U+FFFD; negatives still raise."""
+    tok = ByteTokenizer(unknown="replace")
+    assert tok.decode([65, 4000, 66, 256]) == "A\ufffdB<|endoftext|>"
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([-1])
+    with pytest.raises(ValueError, match="unknown must be one of"):
+        ByteTokenizer(unknown="ignore")
