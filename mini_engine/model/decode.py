@@ -10,7 +10,8 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
   the projections that read the same rows are fused into one weight (``DecodeModel``), and the
   norms, gates, RoPE and activations around them are one per-row kernel each
   (``mini_engine.ops.decode_rows``), writing the next gemm's input in the weight's dtype;
-- conv: ``causal_conv1d_update`` on the slot's conv rows, in place;
+- conv: ``causal_conv1d_update``'s arithmetic on the slot's conv rows, in place, in the same launch as the
+  Gated DeltaNet's prepared row (``conv_gdn_rows``);
 - Gated DeltaNet, on the state as it is kept (``mini_engine.model.state``: the recurrent state at
   the last 64-boundary and the prepared rows since): ``pending_replay_decode_triton`` replays the
   slot's pending rows and the new row from the boundary state in registers and reads the new
@@ -20,7 +21,8 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
   left there: one row instead of up to 64, the same bits. (The recurrent rule, not the chunked
   one: the same value to rounding, at one program per sequence and head whatever the chunk's fill.)
 - attention: the new K/V written into the pages of the *resident* page table the caller passes
-  (what the device holds, stale or not), then paged decode attention over those pages.
+  (what the device holds, stale or not) by the launch that norms and rotates them (``qk_norm_rope``),
+  then paged decode attention over those pages.
 
 Only the greedy argmax is left to the caller.
 
@@ -247,19 +249,18 @@ class DecodeGraphs:
 
 def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
                       step: _Step, n: int) -> torch.Tensor:
-    from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.gated_delta_rule.triton_decode import pending_replay_decode_triton
 
     proj = dm.linear(h, in_proj, n)  # [P, qkv | z | b | a]
     conv_dim = 2 * gdn.key_dim + gdn.value_dim
     z, b, a = proj[:, conv_dim:].split([gdn.value_dim, gdn.hv, gdn.hv], dim=-1)
-    conv = causal_conv1d_update(x=proj[:n, :conv_dim], weight=gdn.conv1d.weight[:, 0], conv_pool=pools.conv[:, layer],
-                                slot_indices=step.slots, activation="silu").output
     pending = pools.pending[:, layer]
-    # the new row also joins its slot's pending rows; a row that completes its chunk goes to the sink's row 62
-    row = row_ops.gdn_rows(conv=conv, a=a, b=b, A_log=gdn.A_log, dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv),
-                        head_dims=(gdn.dk, gdn.dv), pending_pool=pending, pending_slots=step.pending_slots,
-                        pending_rows=step.pending_rows)
+    # the conv on the slots' conv rows in place, and the prepared row; the new row also joins its slot's pending
+    # rows (a row that completes its chunk goes to the sink's row 62)
+    row = row_ops.conv_gdn_rows(x=proj[:n, :conv_dim], conv_weight=gdn.conv1d.weight[:, 0],
+                                conv_pool=pools.conv[:, layer], slots=step.slots, a=a, b=b, A_log=gdn.A_log,
+                                dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv), head_dims=(gdn.dk, gdn.dv),
+                                pending_pool=pending, pending_slots=step.pending_slots, pending_rows=step.pending_rows)
     # (the kernel reads the slot's rows before the new one: the row just stored is past them)
     running = {} if pools.run is None else {"run_pool": pools.run[:, layer], "run_rows": pools.run_rows[:, layer]}
     core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
@@ -271,14 +272,15 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
 
 def _full_attention(dm: DecodeModel, attn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
                     step: _Step, page_table: torch.Tensor, n: int) -> torch.Tensor:
-    from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
+    from mini_engine.ops.attention.triton import paged_decode_attention
 
     qkv = dm.linear(h, in_proj, n)  # [P, q and gates | k | v]
-    q, k, v = row_ops.qk_norm_rope(qkv=qkv, batch=n, positions=step.positions, q_weight=attn.q_norm.weight,
-                                k_weight=attn.k_norm.weight, inv_freq=attn.rotary.frequencies(qkv.device),
-                                eps=attn.q_norm.eps, heads=(attn.hq, attn.hkv), head_dim=attn.d)
     keys, values = pools.keys[:, layer], pools.values[:, layer]
-    write_kv_pages(k_cache=keys, v_cache=values, k=k, v=v, slot_mapping=step.kv_rows)
+    # the new key and value also go into their page rows in the same launch
+    q, _, _ = row_ops.qk_norm_rope(qkv=qkv, batch=n, positions=step.positions, q_weight=attn.q_norm.weight,
+                                   k_weight=attn.k_norm.weight, inv_freq=attn.rotary.frequencies(qkv.device),
+                                   eps=attn.q_norm.eps, heads=(attn.hq, attn.hkv), head_dim=attn.d, k_cache=keys,
+                                   v_cache=values, kv_rows=step.kv_rows)
     # the split grid spans the table's capacity (not this step's longest sequence): a fixed launch per batch size
     out = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens)
     gated = row_ops.sigmoid_mul(attn=out, qkv=qkv, heads=attn.hq, head_dim=attn.d, rows=h.shape[0],

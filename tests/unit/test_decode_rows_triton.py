@@ -156,3 +156,80 @@ def test_every_gemm_configuration_computes_the_product():
                        gemm.linear(x, weight, rows=2, config=split)[1]), "split-K keeps a row's bits"
     with pytest.raises(ValueError, match="block_k=96"):
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 96))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_conv_gdn_rows_is_the_conv_update_then_gdn_rows(dtype):
+    """One launch gives the two kernels' bits: the rows, their pending copies and each slot's advanced conv state, on
+    a pool that is one layer's slice of a wider pool (as the engine's) and a projection whose columns are sliced."""
+    from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
+
+    gen = torch.Generator().manual_seed(11)
+    hk, hv, dk, dv, width = 2, 4, 16, 8, 4
+    conv_dim = 2 * hk * dk + hv * dv
+    fused = randn(ROWS, conv_dim + 2 * hv + 3, gen=gen, dtype=dtype)  # conv input | b | a | other columns
+    x, b, a = fused[:BATCH, :conv_dim], fused[:, conv_dim : conv_dim + hv], fused[:, conv_dim + hv : conv_dim + 2 * hv]
+    weight = randn(conv_dim, 1, width, gen=gen)[:, 0]
+    pools = randn(6, 2, conv_dim, width - 1, gen=gen)  # [slots, layers, C, W - 1]: layer 1 is the one stepped
+    A_log, dt_bias = randn(hv, gen=gen), randn(hv, gen=gen)
+    slots, pending_slots, pending_rows = torch.tensor([5, 1, 3]), torch.tensor([5, 0, 3]), torch.tensor([3, 62, 0])
+    heads, dims = (hk, hv), (dk, dv)
+    results = []
+    for fuse in (False, True):
+        pool = pools.clone()
+        pending = torch.full((6, 63, 2 * hk * dk + hv * dv + 2 * hv), float("nan"))
+        rows = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias, heads=heads, head_dims=dims, pending_pool=pending,
+                    pending_slots=pending_slots, pending_rows=pending_rows)
+        if fuse:
+            got = kernels.conv_gdn_rows(x=x, conv_weight=weight, conv_pool=pool[:, 1], slots=slots, **rows)
+        else:
+            conv = causal_conv1d_update(x=x, weight=weight, conv_pool=pool[:, 1], slot_indices=slots,
+                                        activation="silu").output
+            got = kernels.gdn_rows(conv=conv, **rows)
+        results.append((got, pool, pending))
+    (want, want_pool, want_pending), (got, got_pool, got_pending) = results
+    assert torch.equal(got, want)
+    assert torch.equal(got_pool, want_pool) and not torch.equal(got_pool, pools)
+    assert torch.equal(got_pending.nan_to_num(7.0), want_pending.nan_to_num(7.0))
+    untouched = [s for s in range(6) if s not in slots.tolist()]
+    assert torch.equal(got_pool[untouched], pools[untouched]) and torch.equal(got_pool[:, 0], pools[:, 0])
+
+
+def test_conv_gdn_rows_refuses_a_pool_it_cannot_step():
+    """A conv state pool of the wrong width or layout is an error that names the shape it needs."""
+    x = torch.zeros(2, 2 * 16 + 8)
+    common = dict(x=x, conv_weight=torch.zeros(40, 4), slots=torch.tensor([1, 2]), a=x[:, :1], b=x[:, 1:2],
+                  A_log=torch.zeros(1), dt_bias=torch.zeros(1), heads=(1, 1), head_dims=(16, 8))
+    with pytest.raises(ValueError, match=r"conv_pool must be \[slots, 40, 3\]"):
+        kernels.conv_gdn_rows(conv_pool=torch.zeros(3, 40, 4), **common)
+    with pytest.raises(ValueError, match="contiguous columns"):
+        kernels.conv_gdn_rows(conv_pool=torch.zeros(3, 3, 40).transpose(1, 2), **common)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=str)
+def test_qk_norm_rope_writes_the_pages_as_write_kv_pages(cache_dtype):
+    """With the caches, the same launch stores each row's key and value where ``write_kv_pages`` would (bits equal),
+    on caches that are one layer's slice of a wider pool, and nothing else in them changes."""
+    from mini_engine.ops.attention.triton import write_kv_pages
+
+    gen = torch.Generator().manual_seed(12)
+    hq, hkv, d, page = 4, 2, 24, 4
+    qkv = randn(ROWS, (2 * hq + 2 * hkv) * d, gen=gen)
+    inv_freq = 1.0 / (10_000 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+    args = dict(qkv=qkv, batch=BATCH, positions=torch.tensor([0, 7, 4100]), q_weight=randn(d, gen=gen),
+                k_weight=randn(d, gen=gen), inv_freq=inv_freq, eps=1e-6, heads=(hq, hkv), head_dim=d)
+    pools = randn(9, 2, page, hkv, d, gen=gen, dtype=cache_dtype), randn(9, 2, page, hkv, d, gen=gen, dtype=cache_dtype)
+    kv_rows = torch.tensor([5 * page + 3, 0 * page + 1, 8 * page + 0])
+    want_k, want_v = (p.clone() for p in pools)
+    q, k, v = kernels.qk_norm_rope(**args)
+    write_kv_pages(k_cache=want_k[:, 1], v_cache=want_v[:, 1], k=k, v=v, slot_mapping=kv_rows)
+    got_k, got_v = (p.clone() for p in pools)
+    outputs = kernels.qk_norm_rope(**args, k_cache=got_k[:, 1], v_cache=got_v[:, 1], kv_rows=kv_rows)
+    for got, want in zip(outputs, (q, k, v)):
+        assert torch.equal(got, want)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v) and not torch.equal(got_k, pools[0])
+    with pytest.raises(ValueError, match="go together"):
+        kernels.qk_norm_rope(**args, k_cache=got_k[:, 1])
+    with pytest.raises(ValueError, match="contiguous below the page"):
+        kernels.qk_norm_rope(**args, k_cache=got_k[:, 1].transpose(1, 2), v_cache=got_v[:, 1].transpose(1, 2),
+                             kv_rows=kv_rows)
