@@ -1,15 +1,23 @@
-"""Host launches of one model forward: Triton kernel launches and computing aten ops, counted (not timed).
+"""Host launches of one model forward or one decode step: Triton kernel launches and computing aten ops, counted
+(not timed).
 
 On a GPU a prefill forward is host-bound once its kernels are fast: its time is the host's dispatch of
-every launch. This counts them on the CPU, where the count is the same as on a GPU: the Triton kernels
+every launch. A CUDA-graphed decode step replays its launches without the host, but each still costs
+the device a few microseconds at batch 1, where its kernels are tiny. This counts them on the CPU,
+where the count is the same as on a GPU: the Triton kernels
 run in the interpreter (``TRITON_INTERPRET=1``, set here), each launch counted once and its insides
 left out, and torch.profiler lists the top-level aten ops, of which the ones that compute (not views,
 not allocations, not dtype or device no-ops) are each a dispatch, and a device launch unless they work
 on host tensors (offsets, positions: a few per layer). Counts are
 deterministic: no repeats, no spread.
 
-Usage: ``python benchmarks/forward_launches.py [--lengths 200 30 30 30] [--kernels triton reference]
-[--snapshots all|last] [--out FILE]``.
+``--step forward`` counts ``HybridModel.forward`` on prompts of ``--lengths``; ``--step decode`` counts one
+``model.decode.decode_step`` of ``--batch`` sequences on the engine's pools (what a decode graph replays).
+
+``--shape 0.8b`` (decode only) counts the step of ``gpu_engine.py``'s Qwen3.5-0.8B-shaped model.
+
+Usage: ``python benchmarks/forward_launches.py [--step forward|decode] [--lengths 200 30 30 30] [--batch 4]
+[--shape tiny|0.8b] [--kernels triton reference] [--snapshots all|last] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
+from engine_throughput import _shape_08b_model  # noqa: E402  (a sibling script: benchmarks/ is on sys.path)
+
 from mini_engine.model import build_builtin  # noqa: E402
 
 # aten ops that launch nothing on a device: views, allocations, conversions that are no-ops here
@@ -36,25 +46,26 @@ NOT_LAUNCHES = frozenset(
         "is_nonzero", "_local_scalar_dense", "numpy_T", "permute"))
 
 
-def count(model, prompts: list[torch.Tensor], kernels: str, snapshots: str) -> dict:
+def census(setup, run) -> dict:
+    """Triton launches and computing aten ops of ``run(setup())``: run once to warm (it compiles nothing but fills
+    caches), then counted on fresh inputs; ``setup`` is not counted."""
     launches: collections.Counter = collections.Counter()
-    run = InterpretedFunction.run
+    interpret = InterpretedFunction.run
 
     def counted(self, *args, **kwargs):
         launches[self.fn.__name__] += 1
-        with record_function("triton-kernel"):  # its insides are the interpreter's, not the forward's
-            return run(self, *args, **kwargs)
+        with record_function("triton-kernel"):  # its insides are the interpreter's, not the step's
+            return interpret(self, *args, **kwargs)
 
-    extra = {} if snapshots == "all" else {"snapshots": snapshots}  # (the default; older trees lack the option)
     InterpretedFunction.run = counted
     try:
-        model(prompts, [model.new_state() for _ in prompts], kernels=kernels, **extra)  # warm: compiles nothing,
-        launches.clear()                                                                  # but fills caches
-        states = [model.new_state() for _ in prompts]
+        run(setup())
+        launches.clear()
+        inputs = setup()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            model(prompts, states, kernels=kernels, **extra)
+            run(inputs)
     finally:
-        InterpretedFunction.run = run
+        InterpretedFunction.run = interpret
     aten: collections.Counter = collections.Counter()
 
     def walk(event) -> None:
@@ -70,32 +81,73 @@ def count(model, prompts: list[torch.Tensor], kernels: str, snapshots: str) -> d
         if event.cpu_parent is None:
             walk(event)
     computing = {name: n for name, n in aten.items() if name not in NOT_LAUNCHES}
-    return {"kernels": kernels, "triton": sum(launches.values()), "aten": sum(computing.values()),
+    return {"triton": sum(launches.values()), "aten": sum(computing.values()),
             "launches": sum(launches.values()) + sum(computing.values()), "triton_by_kernel": dict(launches),
             "aten_by_op": dict(sorted(computing.items(), key=lambda kv: -kv[1]))}
 
 
+def count(model, prompts: list[torch.Tensor], kernels: str, snapshots: str) -> dict:
+    """One forward of ``prompts`` from empty states."""
+    extra = {} if snapshots == "all" else {"snapshots": snapshots}  # (the default; older trees lack the option)
+    return {"kernels": kernels, **census(lambda: [model.new_state() for _ in prompts],
+                                         lambda states: model(prompts, states, kernels=kernels, **extra))}
+
+
+def count_decode(model, batch: int) -> dict:
+    """One decode step of ``batch`` sequences at position 0 of fresh slots, on the pools an engine keeps (the
+    launches do not depend on what the slots hold)."""
+    from mini_engine.device.sim import SimDevice
+    from mini_engine.engine.storage import KVStorage, StateStorage
+    from mini_engine.model.decode import DecodeModel, Pools, decode_step
+
+    page_size, pages = 16, 4
+    fused, device = DecodeModel(model), SimDevice()
+    slots = list(range(1, batch + 1))
+    table = torch.arange(batch * pages, dtype=torch.int32).reshape(batch, pages) + 1
+
+    def setup() -> Pools:
+        states = StateStorage(model.config, batch + 1, device, running=True)
+        kv = KVStorage(model.config, batch * pages + 1, page_size, device)
+        return Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
+
+    tokens = torch.zeros(batch, dtype=torch.long)
+    return {"kernels": "decode step",
+            **census(setup, lambda pools: decode_step(fused, pools, tokens, slots, [0] * batch, table))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--step", choices=("forward", "decode"), default="forward")
     parser.add_argument("--lengths", type=int, nargs="+", default=[200, 30, 30, 30], help="prompt tokens per sequence")
+    parser.add_argument("--batch", type=int, default=4, help="--step decode: sequences in the step")
+    parser.add_argument("--shape", choices=("tiny", "0.8b"), default="tiny",
+                        help="--step decode: the built-in tiny model or the 0.8B shape of gpu_engine.py")
     parser.add_argument("--kernels", nargs="+", choices=("triton", "reference"), default=["triton", "reference"])
     parser.add_argument("--snapshots", choices=("all", "last"), default="last")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    model = build_builtin()
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in args.lengths]
-    rows = [count(model, prompts, kernels, args.snapshots) for kernels in args.kernels]
-    print(f"{model.config.name} ({len(model.model.layers)} layers), one forward of {len(prompts)} sequences "
-          f"{args.lengths}, snapshots={args.snapshots}")
-    print(f"{'kernels':<11}{'Triton':>8}{'aten':>8}{'launches':>10}   most frequent aten ops")
+    if args.shape == "0.8b" and args.step != "decode":
+        parser.error("--shape 0.8b: only with --step decode (a forward of it takes the interpreter too long)")
+    model = build_builtin() if args.shape == "tiny" else _shape_08b_model()
+    if args.step == "decode":
+        rows = [count_decode(model, args.batch)]
+        what = f"one decode step of {args.batch} sequences"
+    else:
+        gen = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in args.lengths]
+        rows = [count(model, prompts, kernels, args.snapshots) for kernels in args.kernels]
+        what = f"one forward of {len(prompts)} sequences {args.lengths}, snapshots={args.snapshots}"
+    print(f"{model.config.name} ({len(model.model.layers)} layers), {what}")
+    print(f"{'kernels':<13}{'Triton':>8}{'aten':>8}{'launches':>10}   most frequent")
     for r in rows:
-        top = ", ".join(f"{name[6:]} {n}" for name, n in list(r["aten_by_op"].items())[:5])
-        print(f"{r['kernels']:<11}{r['triton']:>8}{r['aten']:>8}{r['launches']:>10}   {top}")
+        top = sorted([*r["triton_by_kernel"].items(), *((name[6:], n) for name, n in r["aten_by_op"].items())],
+                     key=lambda kv: -kv[1])[:6]
+        print(f"{r['kernels']:<13}{r['triton']:>8}{r['aten']:>8}{r['launches']:>10}   "
+              + ", ".join(f"{name} {n}" for name, n in top))
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"model": model.config.name, "lengths": args.lengths, "snapshots": args.snapshots,
-                       "rows": rows}, handle, indent=2)
+            json.dump({"model": model.config.name, "layers": len(model.model.layers), "step": args.step, "lengths": args.lengths, "batch": args.batch,
+                       "snapshots": args.snapshots, "rows": rows}, handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
     seq, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n_keys = tl.load(lens_ptr + seq)
     key_lo = split * KEYS_PER_SPLIT
+    if SPLIT and key_lo >= n_keys:  # past the sequence's end: the merge reads only the splits its keys fill
+        return
     key_hi = tl.minimum(n_keys, key_lo + KEYS_PER_SPLIT)
     kv_head = head // GROUP
     d = tl.arange(0, BLOCK_D)
@@ -143,7 +145,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
         v = _key_tile(v_ptr, table_row, pos, pos_ok, kv_head, d, d_ok, stride_vp, stride_vs, stride_vh, PAGE)
         acc = acc * rescale + tl.sum(probs[:, None] * v.to(tl.float32), 0)
         running_max = new_max
-    out = acc / tl.where(denom > 0, denom, 1.0)  # an empty split (past the end) is all zeros
+    out = acc / tl.where(denom > 0, denom, 1.0)
     if SPLIT:
         tl.store(part_ptr + seq64 * stride_pb + head * stride_ph + split * stride_ps + d, out, mask=d_ok)
         lse = tl.where(denom > 0, running_max + tl.log(tl.where(denom > 0, denom, 1.0)), float("-inf"))
@@ -153,11 +155,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
 
 
 @triton.jit
-def _merge_splits_kernel(part_ptr, lse_ptr, out_ptr, n_splits, head_dim,
+def _merge_splits_kernel(part_ptr, lse_ptr, lens_ptr, out_ptr, grid_splits, head_dim,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    """out = sum_s exp(lse_s - max) * part_s / sum_s exp(lse_s - max); empty splits have lse -inf."""
+                         KEYS_PER_SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out = sum_s exp(lse_s - max) * part_s / sum_s exp(lse_s - max) over the splits the sequence's keys fill (the
+    rest of the grid's splits wrote nothing): a short sequence costs a pass or two whatever the table's capacity."""
     seq, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    n_splits = tl.minimum(tl.cdiv(tl.load(lens_ptr + seq), KEYS_PER_SPLIT), grid_splits)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     parts = part_ptr + seq * stride_pb + head * stride_ph + d
@@ -304,14 +308,15 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     part = q.new_empty((batch, hq, n_splits, head_dim), dtype=torch.float32) if split else out
     lse = q.new_empty((batch, hq, n_splits), dtype=torch.float32) if split else out
     block_d = max(16, triton.next_power_of_2(head_dim))
+    lens = upload(seq_lens, q.device)
     _decode_kernel[(batch, hq, n_splits)](
-        q, k_cache, v_cache, page_table, upload(seq_lens, q.device), out, part, lse, scale, head_dim,
+        q, k_cache, v_cache, page_table, lens, out, part, lse, scale, head_dim,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         out.stride(0), out.stride(1), *part.stride()[:3], *lse.stride()[:2],
         KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, BLOCK_K=DECODE_BLOCK_K,
         BLOCK_D=block_d, num_warps=4, num_stages=2)
     if split:
         _merge_splits_kernel[(batch, hq)](
-            part, lse, out, n_splits, head_dim, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d)
+            part, lse, lens, out, n_splits, head_dim, *part.stride()[:3], *lse.stride()[:2], out.stride(0),
+            out.stride(1), KEYS_PER_SPLIT=span, BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d)
     return out
