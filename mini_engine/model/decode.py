@@ -22,7 +22,7 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
   one: the same value to rounding, at one program per sequence and head whatever the chunk's fill.)
 - attention: the new K/V written into the pages of the *resident* page table the caller passes
   (what the device holds, stale or not) by the launch that norms and rotates them (``qk_norm_rope``),
-  then paged decode attention over those pages.
+  then paged decode attention over those pages, its output gate applied as it stores.
 
 Only the greedy argmax is left to the caller.
 
@@ -281,8 +281,9 @@ def _full_attention(dm: DecodeModel, attn, in_proj: torch.Tensor, h: torch.Tenso
                                    k_weight=attn.k_norm.weight, inv_freq=attn.rotary.frequencies(qkv.device),
                                    eps=attn.q_norm.eps, heads=(attn.hq, attn.hkv), head_dim=attn.d, k_cache=keys,
                                    v_cache=values, kv_rows=step.kv_rows)
-    # the split grid spans the table's capacity (not this step's longest sequence): a fixed launch per batch size
-    out = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens)
-    gated = row_ops.sigmoid_mul(attn=out, qkv=qkv, heads=attn.hq, head_dim=attn.d, rows=h.shape[0],
-                             out_dtype=attn.o_proj.weight.dtype)
+    # the split grid spans the table's capacity (not this step's longest sequence): a fixed launch per batch size;
+    # the output gate (per query head, the d channels after its query's) is applied as the rows are stored
+    gate = qkv[:n, : attn.hq * 2 * attn.d].unflatten(1, (attn.hq, 2 * attn.d))[..., attn.d :]
+    gated = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens,
+                                   gate=gate, rows=h.shape[0], out_dtype=attn.o_proj.weight.dtype)
     return dm.linear(gated, attn.o_proj.weight, n)

@@ -104,3 +104,29 @@ def test_paged_attention_rejects_bad_layouts():
         paged_decode_attention(page_table=case.page_table.long(), **common)
     with pytest.raises(ValueError, match="keys_per_split=100"):
         paged_decode_attention(page_table=case.page_table, keys_per_split=100, **common)
+
+
+@pytest.mark.parametrize("keys_per_split", [None, 64], ids=["whole", "split"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16], ids=str)
+def test_gated_decode_is_attention_then_sigmoid_mul(keys_per_split, out_dtype):
+    """With a gate, decode attention stores ``sigmoid_mul``'s bits laid out for the next projection (rows past the
+    batch zero), reading the gate as a strided view of a fused projection, whole or split over the keys."""
+    from mini_engine.ops.decode_rows.triton import sigmoid_mul
+
+    case = _written_case(q_lens=[1, 1, 1], prefix_lens=[3, 70, 140])
+    hq, d, batch, rows = 4, 16, 3, 8
+    q = case.q  # [3, Hq, D]: each sequence's last query
+    qkv = torch.randn(rows, hq * 2 * d + 7, generator=torch.Generator().manual_seed(3))  # per head: query | gate
+    qkv[:batch, : hq * 2 * d].unflatten(1, (hq, 2 * d))[..., :d] = q
+    common = dict(q=q, k_cache=case.k_cache, v_cache=case.v_cache, page_table=case.page_table, seq_lens=case.seq_lens,
+                  keys_per_split=keys_per_split)
+    want = sigmoid_mul(attn=paged_decode_attention(**common), qkv=qkv, heads=hq, head_dim=d, rows=rows,
+                       out_dtype=out_dtype)
+    gate = qkv[:batch, : hq * 2 * d].unflatten(1, (hq, 2 * d))[..., d:]
+    got = paged_decode_attention(**common, gate=gate, rows=rows, out_dtype=out_dtype)
+    assert got.dtype == out_dtype and torch.equal(got, want)
+    assert not got[batch:].any() and got[:batch].abs().min(-1).values.gt(0).all()
+    with pytest.raises(ValueError, match=r"gate must be \[3, 4, 16\]"):
+        paged_decode_attention(**common, gate=gate[:2], rows=rows, out_dtype=out_dtype)
+    with pytest.raises(ValueError, match="pass them with gate"):
+        paged_decode_attention(**common, rows=rows)

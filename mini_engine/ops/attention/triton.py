@@ -107,18 +107,23 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, table_ptr, cu_q_ptr, lens_ptr, out_ptr,
              mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, scale, head_dim,
-                   stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                   stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                   KEYS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+@triton.jit(do_not_specialize=["batch"])  # one compile for every batch size
+def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, gate_ptr, batch, scale,
+                   head_dim, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                   stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_gb,
+                   stride_gh, KEYS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, PAGE: tl.constexpr,
+                   GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     """One query head of one sequence over one split of its keys, in tiles of BLOCK_K keys.
 
     A single query row is a matrix-vector product: the scores are a row-wise sum of ``k * q`` and the
     output a column-wise sum of ``p * v`` on the CUDA cores (a tensor-core dot would pad the one row
-    to 16 and, in fp32, spill its tiles)."""
+    to 16 and, in fp32, spill its tiles). GATED: the grid also spans the padding rows past the batch."""
     seq, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if seq >= batch:  # a padding row (GATED): zeros, written here or by the merge
+        if not SPLIT:
+            _store_output(out_ptr, seq.to(tl.int64), head, tl.zeros([BLOCK_D], dtype=tl.float32), gate_ptr,
+                          stride_ob, stride_oh, stride_gb, stride_gh, head_dim, BLOCK_D, False)
+        return
     n_keys = tl.load(lens_ptr + seq)
     key_lo = split * KEYS_PER_SPLIT
     if SPLIT and key_lo >= n_keys:  # past the sequence's end: the merge reads only the splits its keys fill
@@ -151,16 +156,34 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
         lse = tl.where(denom > 0, running_max + tl.log(tl.where(denom > 0, denom, 1.0)), float("-inf"))
         tl.store(lse_ptr + seq64 * stride_lb + head * stride_lh + split, lse)
     else:
-        tl.store(out_ptr + seq64 * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+        _store_output(out_ptr, seq64, head, out, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh, head_dim,
+                      BLOCK_D, GATED)
 
 
 @triton.jit
-def _merge_splits_kernel(part_ptr, lse_ptr, lens_ptr, out_ptr, grid_splits, head_dim,
-                         stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                         KEYS_PER_SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_output(out_ptr, row, head, out, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh, head_dim,
+                  BLOCK_D: tl.constexpr, GATED: tl.constexpr):
+    """A head's output row, times ``sigmoid(gate)`` when GATED (``decode_rows.sigmoid_mul``'s arithmetic)."""
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    if GATED:
+        gate = tl.load(gate_ptr + row * stride_gb + head * stride_gh + d, mask=d_ok, other=0.0).to(tl.float32)
+        out = out * (1.0 / (1.0 + tl.exp(-gate)))
+    tl.store(out_ptr + row * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@triton.jit(do_not_specialize=["batch"])
+def _merge_splits_kernel(part_ptr, lse_ptr, lens_ptr, out_ptr, gate_ptr, batch, grid_splits, head_dim,
+                         stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_gb,
+                         stride_gh, KEYS_PER_SPLIT: tl.constexpr, GATED: tl.constexpr, BLOCK_S: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
     """out = sum_s exp(lse_s - max) * part_s / sum_s exp(lse_s - max) over the splits the sequence's keys fill (the
     rest of the grid's splits wrote nothing): a short sequence costs a pass or two whatever the table's capacity."""
     seq, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if seq >= batch:  # a padding row (GATED)
+        _store_output(out_ptr, seq, head, tl.zeros([BLOCK_D], dtype=tl.float32), gate_ptr, stride_ob, stride_oh,
+                      stride_gb, stride_gh, head_dim, BLOCK_D, False)
+        return
     n_splits = tl.minimum(tl.cdiv(tl.load(lens_ptr + seq), KEYS_PER_SPLIT), grid_splits)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
@@ -174,8 +197,8 @@ def _merge_splits_kernel(part_ptr, lse_ptr, lens_ptr, out_ptr, grid_splits, head
     for split in range(n_splits):
         weight = tl.exp(tl.load(lses + split) - max_lse)
         acc += weight * tl.load(parts + split * stride_ps, mask=d_ok, other=0.0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + d, (acc / weight_sum).to(out_ptr.dtype.element_ty),
-             mask=d_ok)
+    _store_output(out_ptr, seq, head, acc / weight_sum, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh,
+                  head_dim, BLOCK_D, GATED)
 
 
 @triton.jit
@@ -281,13 +304,18 @@ def paged_prefill_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            page_table: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
-                           keys_per_split: int | None = DEFAULT_KEYS_PER_SPLIT,
-                           max_seq_len: int | None = None) -> torch.Tensor:
+                           keys_per_split: int | None = DEFAULT_KEYS_PER_SPLIT, max_seq_len: int | None = None,
+                           gate: torch.Tensor | None = None, rows: int | None = None,
+                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """One query per sequence, q [B, Hq, D] at position ``seq_lens[b] - 1`` (>= 0), over its pages.
 
     ``keys_per_split``: positions per split (a multiple of 64), or None for one pass per sequence.
     ``max_seq_len`` (host int) bounds ``seq_lens`` to size the split grid; default: the page
     table's capacity. Returns [B, Hq, D] in q's dtype.
+
+    With ``gate`` [B, Hq, D] (any row and head strides; a view of the fused projection) the same launches apply a
+    gated attention's output gate and lay the result out for the next projection: returns
+    ``out * sigmoid(gate)`` as [``rows``, Hq * D] in ``out_dtype``, the rows past B zero (``sigmoid_mul``'s bits).
     """
     batch, hq, head_dim = q.shape
     _check_cache(k_cache, v_cache, head_dim, hq, q.dtype)
@@ -296,8 +324,17 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         raise ValueError(f"keys_per_split={keys_per_split} must be None or a positive multiple of {BLOCK_N}")
     if q.stride(2) != 1:
         raise ValueError("q needs a contiguous last (head_dim) dimension")
-    out = torch.empty_like(q)
-    if not batch:
+    gated = gate is not None
+    if gated and (tuple(gate.shape) != (batch, hq, head_dim) or gate.stride(2) != 1 or rows is None or rows < batch
+                  or out_dtype is None):
+        raise ValueError(f"gate must be [{batch}, {hq}, {head_dim}] with a contiguous last dimension, with rows >= "
+                         f"{batch} and out_dtype; got {tuple(gate.shape)} strides {gate.stride()}, rows={rows}, "
+                         f"out_dtype={out_dtype}")
+    if not gated and (rows is not None or out_dtype is not None):
+        raise ValueError("rows and out_dtype lay out a gated output: pass them with gate")
+    out = q.new_empty(rows, hq * head_dim, dtype=out_dtype) if gated else torch.empty_like(q)
+    grid_rows = rows if gated else batch
+    if not grid_rows:
         return out
     scale = head_dim**-0.5 if scale is None else scale
     capacity = page_table.shape[1] * k_cache.shape[1] if max_seq_len is None else max_seq_len
@@ -309,14 +346,18 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     lse = q.new_empty((batch, hq, n_splits), dtype=torch.float32) if split else out
     block_d = max(16, triton.next_power_of_2(head_dim))
     lens = upload(seq_lens, q.device)
-    _decode_kernel[(batch, hq, n_splits)](
-        q, k_cache, v_cache, page_table, lens, out, part, lse, scale, head_dim,
+    out_strides = (out.stride(0), head_dim) if gated else (out.stride(0), out.stride(1))
+    part_strides = (*part.stride()[:3], *lse.stride()[:2]) if split else (0,) * 5  # unused without splits
+    gate_args = (gate, gate.stride(0), gate.stride(1)) if gated else (out, 0, 0)
+    _decode_kernel[(grid_rows, hq, n_splits)](
+        q, k_cache, v_cache, page_table, lens, out, part, lse, gate_args[0], batch, scale, head_dim,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
-        out.stride(0), out.stride(1), *part.stride()[:3], *lse.stride()[:2],
-        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, BLOCK_K=DECODE_BLOCK_K,
+        *out_strides, *part_strides, *gate_args[1:],
+        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, GATED=gated, BLOCK_K=DECODE_BLOCK_K,
         BLOCK_D=block_d, num_warps=4, num_stages=2)
     if split:
-        _merge_splits_kernel[(batch, hq)](
-            part, lse, lens, out, n_splits, head_dim, *part.stride()[:3], *lse.stride()[:2], out.stride(0),
-            out.stride(1), KEYS_PER_SPLIT=span, BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d)
+        _merge_splits_kernel[(grid_rows, hq)](
+            part, lse, lens, out, gate_args[0], batch, n_splits, head_dim, *part_strides, *out_strides,
+            *gate_args[1:], KEYS_PER_SPLIT=span, GATED=gated,
+            BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d)
     return out
