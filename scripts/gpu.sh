@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | engine | prefill | kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | engine | decode | prefill | kernels
 #
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
 #   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda, then
@@ -9,6 +9,9 @@
 #   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
 #              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
 #              off, the ledger on; the safeguards' and the ledger's own work priced on the device)
+#   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
+#              1.6 GB roofline) in bfloat16 against transformers on the same weights, then a batch-1
+#              profile of a decode step (where its ~250 launches go)
 #   prefill    benchmarks/gpu_prefill.py (the engine's prefill and the model forward: the Triton kernels,
 #              the Triton sequence ops with the tiled reference gemm, the references; a profile) and
 #              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
@@ -19,11 +22,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh tests|exactness|engine|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh tests|exactness|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    tests|exactness|engine|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (tests | exactness | engine | prefill | kernels)" >&2; exit 2 ;;
+    tests|exactness|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (tests | exactness | engine | decode | prefill | kernels)" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -52,6 +55,11 @@ case "$part" in
         step 240 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json" ;;
+    decode)
+        step 300 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 --hf-dtype bfloat16 \
+            --vocab 248320 --out "$out/gpu_engine_qwen_vocab.json"
+        step 240 gpu_engine_profile python3 benchmarks/gpu_engine.py --variants graphs-bf16 --hf-dtype --batches 1 \
+            --repeats 1 --profile "$out/gpu_engine_profile.txt" --profile-batch 1 --out "$out/gpu_engine_b1.json" ;;
     prefill)
         step 300 gpu_prefill python3 benchmarks/gpu_prefill.py --chunks 512 --repeats 2 \
             --profile "$out/gpu_prefill_profile.txt" --out "$out/gpu_prefill.json"

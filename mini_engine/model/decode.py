@@ -43,6 +43,7 @@ from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
 from mini_engine.ops.decode_rows import gemm as gemm_ops
 from mini_engine.ops.decode_rows import triton as row_ops
+from mini_engine.ops.decode_rows.prologue import decode_prologue
 
 __all__ = ["DecodeGraphs", "DecodeModel", "Pools", "decode_step", "step_inputs"]
 
@@ -63,14 +64,15 @@ class Pools(NamedTuple):
 
 class _Step(NamedTuple):
     """One step's per-sequence indices, derived on the device from the uploaded ``[3, B]`` inputs and the page
-    table (so a CUDA graph replays them from static buffers), once per step for every layer."""
+    table (so a CUDA graph replays them from static buffers), once per step for every layer: the rows of
+    ``decode_prologue``'s index tensor (``INDEX_FIELDS``, these fields in this order)."""
 
     slots: torch.Tensor  # [B] long: live slot
     positions: torch.Tensor  # [B] long: absolute position of the token fed
     rows: torch.Tensor  # [B] long: the token's row in its chunk (position % 64)
     pending_slots: torch.Tensor  # [B] long: its slot if the token joins the pending rows, else the sink
     pending_rows: torch.Tensor  # [B] long: where the new row goes in that slot (row 62 of the sink when complete)
-    seq_lens: torch.Tensor  # [B] int32: keys after this token (position + 1)
+    seq_lens: torch.Tensor  # [B] long: keys after this token (position + 1)
     kv_rows: torch.Tensor  # [B] long: the new key's row in the flattened pages (page * page_size + offset)
 
 
@@ -83,14 +85,6 @@ def step_inputs(slots: list[int], positions: list[int]) -> torch.Tensor:
         raise ValueError(f"decode_step needs distinct live slots other than the sink {SINK}; got {slots}")
     complete = [p % SNAPSHOT_ALIGN == SNAPSHOT_ALIGN - 1 for p in positions]
     return torch.tensor([slots, positions, [SINK if c else s for s, c in zip(slots, complete)]], dtype=torch.long)
-
-
-def _step(inputs: torch.Tensor, page_table: torch.Tensor, page_size: int) -> _Step:
-    slots, positions, pending_slots = inputs.unbind(0)
-    rows = positions % SNAPSHOT_ALIGN
-    pages = page_table.gather(1, (positions // page_size)[:, None]).squeeze(1).to(torch.long)
-    return _Step(slots, positions, rows, pending_slots, rows.clamp(max=SNAPSHOT_ALIGN - 2),
-                 (positions + 1).to(torch.int32), pages * page_size + positions % page_size)
 
 
 class _LayerWeights(NamedTuple):
@@ -161,21 +155,31 @@ def decode_step(model: DecodeModel, pools: Pools, tokens: torch.Tensor, slots: l
     if not len(slots) == len(positions) == tokens.shape[0] == page_table.shape[0]:
         raise ValueError(f"decode_step needs one slot, position, token and page-table row per sequence; got "
                          f"{len(slots)}, {len(positions)}, {tokens.shape[0]}, {page_table.shape[0]}")
-    inputs = upload(step_inputs(slots, positions), tokens.device)
-    return _decode(model, pools, tokens, inputs, page_table)
+    host = step_inputs(slots, positions)
+    _check_width(positions, page_table, pools.keys.shape[2])
+    return _decode(model, pools, tokens, upload(host, tokens.device), page_table)
 
 
-def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.Tensor,
-            page_table: torch.Tensor) -> torch.Tensor:
+def _check_width(positions: list[int], page_table: torch.Tensor, page_size: int) -> None:
+    """Every position's page must be in its table row (the step reads it there, unchecked, on the device)."""
+    if positions and max(positions) // page_size >= page_table.shape[1]:
+        raise ValueError(f"position {max(positions)} needs page {max(positions) // page_size} but the page table has "
+                         f"{page_table.shape[1]} columns (page_size {page_size})")
+
+
+def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.Tensor, page_table: torch.Tensor,
+            *, by_slot: bool = False) -> torch.Tensor:
     """The step on device tensors alone: no host read, no shape that depends on values (graph-capturable).
+    ``tokens``: [B], or with ``by_slot`` the per-slot next-token pool, read at the step's slots.
 
     The residual stream ``x`` is float32 [P, hidden], P the batch rounded up to the gemm tile, padding rows
     zero: every projection is then one fixed-shape gemm per tile on the rows as they are. The sequence ops
     (conv, the delta rule, attention) read and write the batch's own rows only."""
-    step = _step(inputs, page_table, pools.keys.shape[2])
-    model, n = dm.model, tokens.shape[0]
-    x = tokens.new_zeros(-(-n // inv.ROW_TILE) * inv.ROW_TILE, model.config.hidden_size, dtype=torch.float32)
-    x[:n] = model.model.embed_tokens(tokens).float()
+    model, n = dm.model, inputs.shape[1]
+    x, index = decode_prologue(inputs=inputs, page_table=page_table, page_size=pools.keys.shape[2],
+                               align=SNAPSHOT_ALIGN, tokens=tokens, embedding=model.model.embed_tokens.weight,
+                               rows=-(-n // inv.ROW_TILE) * inv.ROW_TILE, by_slot=by_slot)
+    step = _Step(*index)
     delta = None
     lin = full = 0
     for layer, weights in zip(model.model.layers, dm.layers):
@@ -219,7 +223,9 @@ class DecodeGraphs:
     def __call__(self, slots: list[int], positions: list[int], page_table: torch.Tensor) -> torch.Tensor:
         """Logits [B, vocab] of one step (a static buffer when replayed: read it before the next step of B)."""
         n = len(slots)
-        inputs = upload(step_inputs(slots, positions), self.next_token.device)
+        host = step_inputs(slots, positions)
+        _check_width(positions, page_table, self.pools.keys.shape[2])
+        inputs = upload(host, self.next_token.device)
         if n in self._graphs:
             graph, static_inputs, static_table, logits = self._graphs[n]
             static_inputs.copy_(inputs)
@@ -230,15 +236,14 @@ class DecodeGraphs:
         if n in self._seen and len(self._graphs) < self.max_graphs:
             return self._capture(n, inputs, page_table)
         self._seen.add(n)
-        return _decode(self.model, self.pools, self.next_token.index_select(0, inputs[0]), inputs, page_table)
+        return _decode(self.model, self.pools, self.next_token, inputs, page_table, by_slot=True)
 
     def _capture(self, n: int, inputs: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
         static_inputs, static_table = inputs.clone(), page_table.clone()
         graph = torch.cuda.CUDAGraph()
         torch.cuda.current_stream().synchronize()  # capture runs on a side stream: the inputs must be there
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = _decode(self.model, self.pools, self.next_token.index_select(0, static_inputs[0]),
-                             static_inputs, static_table)
+            logits = _decode(self.model, self.pools, self.next_token, static_inputs, static_table, by_slot=True)
         self._pool = graph.pool()
         self._graphs[n] = (graph, static_inputs, static_table, logits)
         self.captures += 1

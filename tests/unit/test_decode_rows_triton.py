@@ -233,3 +233,28 @@ def test_qk_norm_rope_writes_the_pages_as_write_kv_pages(cache_dtype):
     with pytest.raises(ValueError, match="contiguous below the page"):
         kernels.qk_norm_rope(**args, k_cache=got_k[:, 1].transpose(1, 2), v_cache=got_v[:, 1].transpose(1, 2),
                              kv_rows=kv_rows)
+
+
+@pytest.mark.parametrize("by_slot", [False, True], ids=["tokens", "token-pool"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_decode_prologue(by_slot, dtype):
+    """One launch gives the reference's indices and embedded rows (bits), zero rows past the batch, tokens read
+    per sequence or from a per-slot pool at the slots; the indices are the decode step's fields in order."""
+    from mini_engine.model.decode import _Step
+    from mini_engine.ops.decode_rows.prologue import INDEX_FIELDS, decode_prologue
+
+    gen = torch.Generator().manual_seed(13)
+    slots, positions = [4, 1, 6], [0, 63, 130]
+    inputs = torch.tensor([slots, positions, [4, 0, 6]])  # the second completes its chunk: its pending slot is the sink
+    table = torch.randint(1, 50, (3, 9), generator=gen, dtype=torch.int32)
+    pool = torch.randint(0, 30, (8,), generator=gen)
+    tokens = pool[slots] if not by_slot else pool
+    args = dict(inputs=inputs, page_table=table, page_size=16, align=64, tokens=tokens,
+                embedding=randn(30, 40, gen=gen, dtype=dtype), rows=8, by_slot=by_slot)
+    x, index = decode_prologue(**args)
+    want_x, want_index = reference.decode_prologue(**args)
+    assert torch.equal(x, want_x) and torch.equal(index, want_index) and not x[3:].any()
+    assert index[:, 1].tolist() == [1, 63, 63, 0, 62, 64, 16 * int(table[1, 3]) + 15]
+    assert _Step._fields == INDEX_FIELDS
+    with pytest.raises(ValueError, match="rows .* must hold the batch"):
+        decode_prologue(**{**args, "rows": 2})

@@ -3,6 +3,7 @@ kernels are in ``triton.py``."""
 
 from mini_engine.ops.decode_rows.reference import (
     add_rms_norm,
+    decode_prologue,
     gated_rms_norm,
     gdn_rows,
     qk_norm_rope,
@@ -10,4 +11,4 @@ from mini_engine.ops.decode_rows.reference import (
     silu_mul,
 )
 
-__all__ = ["add_rms_norm", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
+__all__ = ["add_rms_norm", "decode_prologue", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]

@@ -10,7 +10,9 @@ fixed-shape gemm on its input as it is. Each function here is the arithmetic the
   projections (``mini_engine.model.state`` keeps these rows);
 - ``gated_rms_norm``: the GDN output norm ``w * rmsnorm(core) * silu(z)`` per value head;
 - ``qk_norm_rope``: attention's per-head q/k RMSNorm and partial RoPE;
-- ``sigmoid_mul`` and ``silu_mul``: attention's output gate and the SwiGLU activation.
+- ``sigmoid_mul`` and ``silu_mul``: attention's output gate and the SwiGLU activation;
+- ``decode_prologue``: the step's per-sequence indices and its embedded, padded residual rows
+  (the Triton form is ``prologue.py``).
 
 Outputs that feed a projection have ``rows`` rows (zero past the batch) in the projection weight's
 dtype; the rest are float32 and have one row per sequence.
@@ -22,7 +24,7 @@ import torch
 
 from mini_engine.ops import invariant as inv
 
-__all__ = ["add_rms_norm", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
+__all__ = ["add_rms_norm", "decode_prologue", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
 
 
 def _padded(values: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Tensor:
@@ -93,3 +95,22 @@ def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """``silu(gate) * up`` for gate_up [rows, 2I] = [gate | up] -> [rows, I]."""
     gate, up = gate_up.float().chunk(2, dim=-1)
     return (inv.silu(gate) * up).to(out_dtype)
+
+
+def decode_prologue(*, inputs: torch.Tensor, page_table: torch.Tensor, page_size: int, align: int,
+                    tokens: torch.Tensor, embedding: torch.Tensor, rows: int,
+                    by_slot: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """From a step's ``inputs`` [3, B] (slots, positions, pending slots), its page table [B, pages] and its tokens
+    ([B], or with ``by_slot`` a per-slot pool read at the slots): x [rows, hidden] float32, the tokens' embeddings
+    then zero rows, and index [7, B] long, the rows of ``prologue.INDEX_FIELDS``: slots; positions; the token's row
+    in its chunk (position % align); pending slots; where the new pending row goes (that row, at most align - 2);
+    keys after the token (position + 1); the new key's row in the flattened pages (page * page_size + offset)."""
+    slots, positions, pending_slots = inputs.long().unbind(0)
+    chunk_rows = positions % align
+    pages = page_table.gather(1, (positions // page_size)[:, None]).squeeze(1).long()
+    index = torch.stack([slots, positions, chunk_rows, pending_slots, chunk_rows.clamp(max=align - 2), positions + 1,
+                         pages * page_size + positions % page_size])
+    ids = tokens[slots] if by_slot else tokens
+    x = embedding.new_zeros(rows, embedding.shape[1], dtype=torch.float32)
+    x[: ids.shape[0]] = embedding[ids.long()].float()
+    return x, index
