@@ -41,8 +41,8 @@ from mini_engine.model import build_builtin  # noqa: E402
 NOT_LAUNCHES = frozenset(
     "aten::" + name for name in (
         "view", "reshape", "slice", "select", "split", "split_with_sizes", "t", "transpose", "as_strided", "unsqueeze",
-        "squeeze", "chunk", "detach", "detach_", "alias", "expand", "unbind", "lift_fresh", "empty", "empty_like",
-        "new_empty", "empty_strided", "to", "_to_copy", "contiguous", "resolve_conj", "resolve_neg", "item",
+        "squeeze", "unflatten", "chunk", "detach", "detach_", "alias", "expand", "unbind", "lift_fresh",
+        "empty", "empty_like", "new_empty", "empty_strided", "to", "_to_copy", "contiguous", "resolve_conj", "resolve_neg", "item",
         "is_nonzero", "_local_scalar_dense", "numpy_T", "permute"))
 
 
@@ -146,8 +146,9 @@ def main() -> None:
               + ", ".join(f"{name} {n}" for name, n in top))
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"model": model.config.name, "layers": len(model.model.layers), "step": args.step, "lengths": args.lengths, "batch": args.batch,
-                       "snapshots": args.snapshots, "rows": rows}, handle, indent=2)
+            json.dump({"model": model.config.name, "layers": len(model.model.layers), "step": args.step,
+                       "lengths": args.lengths, "batch": args.batch, "snapshots": args.snapshots, "rows": rows},
+                      handle, indent=2)
 
 
 if __name__ == "__main__":

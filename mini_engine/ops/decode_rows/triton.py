@@ -332,7 +332,8 @@ def conv_gdn_rows(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torc
                          f"{tuple(conv_pool.shape)}, strides {conv_pool.stride()}")
     if tuple(slots.shape) != (batch,):
         raise ValueError(f"slots must be [{batch}]; got {tuple(slots.shape)}")
-    out, pending, has_pending = _gdn_rows_setup(x, a, b, batch, heads, head_dims, pending_pool, pending_slots, pending_rows)
+    out, pending, has_pending = _gdn_rows_setup(x, a, b, batch, heads, head_dims, pending_pool, pending_slots,
+                                                pending_rows)
     if batch:
         _conv_gdn_rows_kernel[(batch, hk + hv)](
             x, x.stride(0), conv_weight, conv_weight.stride(0), conv_pool, conv_pool.stride(0), conv_pool.stride(1),
