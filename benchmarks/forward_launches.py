@@ -41,9 +41,9 @@ from mini_engine.model import build_builtin  # noqa: E402
 NOT_LAUNCHES = frozenset(
     "aten::" + name for name in (
         "view", "reshape", "slice", "select", "split", "split_with_sizes", "t", "transpose", "as_strided", "unsqueeze",
-        "squeeze", "unflatten", "chunk", "detach", "detach_", "alias", "expand", "unbind", "lift_fresh",
-        "empty", "empty_like", "new_empty", "empty_strided", "to", "_to_copy", "contiguous", "resolve_conj", "resolve_neg", "item",
-        "is_nonzero", "_local_scalar_dense", "numpy_T", "permute"))
+        "squeeze", "unflatten", "chunk", "detach", "detach_", "alias", "expand", "unbind", "lift_fresh", "empty",
+        "empty_like", "new_empty", "empty_strided", "to", "_to_copy", "contiguous", "resolve_conj", "resolve_neg",
+        "item", "is_nonzero", "_local_scalar_dense", "numpy_T", "permute"))
 
 
 def census(setup, run) -> dict:
