@@ -1,0 +1,159 @@
+"""Record every Triton launch of the engine's paths in the interpreter, then compile each for the H200 (sm_90).
+
+The interpreter runs a kernel as Python, so a construct the compiler rejects, or a configuration that asks
+more shared memory than the GPU has, shows only on a GPU. Here, in two processes (the interpreter's
+kernels and the compiler's cannot share one):
+
+- ``record FILE`` (TRITON_INTERPRET=1): runs the paths on a two-layer model of the 0.8B shape (its head
+  sizes decide the kernels' block sizes), in float32 and with bfloat16 projections: the Triton forward,
+  decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration), the
+  gated delta rule on bf16 inputs, the conv, KV, checksum and slot-copy kernels. Launches are recorded,
+  not run (their outputs are never read), and written with their argument types, constexpr values and
+  launch options, one entry per distinct signature.
+- ``compile FILE`` (no interpreter): compiles each entry to a cubin for sm_90 with this machine's triton
+  and prints, per entry, the shared memory it asks or the compiler's error, as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import sys
+
+import torch
+
+TARGET = ("cuda", 90, 32)  # the H200: compute capability 9.0, warps of 32
+SHARED_LIMIT = 232_448  # bytes of shared memory one H200 block may use (227 KiB)
+
+_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64",
+          torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+
+
+def _type(value):
+    if isinstance(value, tuple):  # a tuple argument: its elements' types
+        return tuple(_type(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return "*" + _TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for an argument {value!r}")
+
+
+def _is_constexpr(parameter: inspect.Parameter) -> bool:
+    annotation = parameter.annotation
+    return annotation is not inspect.Parameter.empty and "constexpr" in str(annotation)
+
+
+def record(path: str) -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen: dict[str, dict] = {}
+
+    def recorded(self, *args, grid, warmup, **kwargs):
+        fn = self.fn
+        parameters = list(inspect.signature(fn).parameters.values())
+        values = dict(zip((p.name for p in parameters), args))
+        values.update({k: v for k, v in kwargs.items() if k in {p.name for p in parameters}})
+        options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+        constexprs = {p.name: values[p.name] for p in parameters if _is_constexpr(p)}
+        signature = {p.name: "constexpr" if _is_constexpr(p) or values[p.name] is None else _type(values[p.name])
+                     for p in parameters}
+        entry = {"module": fn.__module__, "kernel": fn.__name__, "signature": signature, "constexprs": constexprs,
+                 "options": options}
+        seen.setdefault(json.dumps(entry, sort_keys=True, default=str), entry)
+
+    InterpretedFunction.run = recorded
+    _exercise()
+    with open(path, "w") as handle:
+        json.dump(list(seen.values()), handle, indent=1, default=str)
+
+
+def _exercise() -> None:
+    from benchmarks.gpu_engine import shape_08b
+    from mini_engine.device.sim import SimDevice
+    from mini_engine.engine.storage import KVStorage, StateStorage
+    from mini_engine.model import HybridModel
+    from mini_engine.model.builtin import init_weights
+    from mini_engine.model.config import FULL, LINEAR
+    from mini_engine.model.decode import DecodeModel, Pools, decode_step
+    from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
+    from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
+    from mini_engine.ops.checksum.triton import checksum_lanes
+    from mini_engine.ops.decode_rows import gemm
+    from mini_engine.ops.gated_delta_rule.triton import chunk_gated_delta_rule_triton
+    from mini_engine.ops.gated_delta_rule.triton_decode import fused_recurrent_gated_delta_rule_triton
+    from mini_engine.ops.slot_copy.triton import copy_slots
+
+    config = dataclasses.replace(shape_08b(), layer_types=(LINEAR, FULL))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (70, 5)]
+    for dtype in (torch.float32, torch.bfloat16):
+        model = init_weights(HybridModel(config)).cast_projections(dtype)
+        model(prompts, [model.new_state() for _ in prompts], kernels="triton", snapshots="last")
+        states = StateStorage(config, 3, SimDevice(), running=True)
+        kv = KVStorage(config, 40, 16, SimDevice())
+        pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
+        for pages in (4, 32):  # a table of 64 keys (one pass) and of 512 (split, merged)
+            table = torch.arange(1, 1 + 2 * pages, dtype=torch.int32).reshape(2, pages)
+            for name in ("cublas", "triton"):
+                decode_step(DecodeModel(model, gemm=name), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
+        if dtype == torch.bfloat16:
+            weight = model.model.layers[0].mlp.down_proj.weight
+            x = torch.zeros(64, weight.shape[1], dtype=dtype)
+            for choice in gemm.configs(*weight.shape):
+                gemm.linear(x, weight, rows=1, config=choice)
+    heads, dim, tokens = 32, 128, 130
+    q, k, v = (torch.randn(tokens, heads, dim).to(torch.bfloat16) for _ in range(3))
+    g, beta = -torch.rand(tokens, heads), torch.rand(tokens, heads)
+    chunk_gated_delta_rule_triton(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=torch.tensor([0, 100, tokens]))
+    pool = torch.zeros(3, heads, dim, dim)
+    fused_recurrent_gated_delta_rule_triton(q=q[:2], k=k[:2], v=v[:2], g=g[:2], beta=beta[:2], state_pool=pool,
+                                            state_indices=torch.tensor([1, 2]))
+    states = StateStorage(config, 3, SimDevice())
+    conv_pool = states.conv[:, 0]
+    causal_conv1d_update(x=torch.zeros(2, conv_pool.shape[1]), weight=torch.zeros(conv_pool.shape[1], 4),
+                         conv_pool=conv_pool, slot_indices=torch.tensor([1, 2]), activation="silu")
+    kv = KVStorage(config, 40, 16, SimDevice())
+    new = torch.zeros(2, config.num_key_value_heads, config.head_dim)
+    write_kv_pages(k_cache=kv.keys[:, 0], v_cache=kv.values[:, 0], k=new, v=new, slot_mapping=torch.tensor([17, 3]))
+    queries = torch.zeros(2, config.num_attention_heads, config.head_dim)
+    paged_decode_attention(q=queries, k_cache=kv.keys[:, 0], v_cache=kv.values[:, 0], seq_lens=torch.tensor([5, 300]),
+                           page_table=torch.arange(1, 39, dtype=torch.int32).reshape(2, 19))  # split, not gated
+    for tensor in (states.conv, states.rec, states.pending, kv.keys):
+        checksum_lanes(pool=tensor, slots=torch.tensor([1, 2], dtype=torch.int32))
+    checksum_lanes(pool=states.pending, slots=torch.tensor([1], dtype=torch.int32), rows=torch.tensor([5]))
+    copy_slots(pools=[states.conv, states.rec], dst=torch.tensor([1]), src=torch.tensor([2]), pending=states.pending,
+               rows=torch.tensor([7]))
+
+
+def compile_all(path: str) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def tuples(value):  # JSON wrote a tuple argument's types as a list
+        return tuple(tuples(v) for v in value) if isinstance(value, list) else value
+
+    results = []
+    for entry in json.load(open(path)):
+        kernel = getattr(importlib.import_module(entry["module"]), entry["kernel"])
+        signature = {name: tuples(kind) for name, kind in entry["signature"].items()}
+        what = {"module": entry["module"], "kernel": entry["kernel"], "constexprs": entry["constexprs"]}
+        try:
+            compiled = triton.compile(ASTSource(fn=kernel, signature=signature,
+                                                constexprs=entry["constexprs"]),
+                                      target=GPUTarget(*TARGET), options=entry["options"])
+            results.append({**what, "shared": compiled.metadata.shared})
+        except Exception as error:  # the compiler's own message is the finding
+            results.append({**what, "error": f"{type(error).__name__}: {error}"[:2000]})
+    json.dump(results, sys.stdout)
+
+
+if __name__ == "__main__":
+    {"record": record, "compile": compile_all}[sys.argv[1]](sys.argv[2])
