@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from mini_engine.device import upload
+from mini_engine.ops.decode_rows.triton import _sigmoid  # sigmoid_mul's: the gated output keeps its bits
 from mini_engine.ops.precision import dot_precision
 
 __all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv_pages"]
@@ -126,8 +127,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
         return
     n_keys = tl.load(lens_ptr + seq)
     key_lo = split * KEYS_PER_SPLIT
-    if SPLIT and key_lo >= n_keys:  # past the sequence's end: the merge reads only the splits its keys fill
-        return
+    if SPLIT:
+        if key_lo >= n_keys:  # past the sequence's end: the merge reads only the splits its keys fill
+            return
     key_hi = tl.minimum(n_keys, key_lo + KEYS_PER_SPLIT)
     kv_head = head // GROUP
     d = tl.arange(0, BLOCK_D)
@@ -168,7 +170,7 @@ def _store_output(out_ptr, row, head, out, gate_ptr, stride_ob, stride_oh, strid
     d_ok = d < head_dim
     if GATED:
         gate = tl.load(gate_ptr + row * stride_gb + head * stride_gh + d, mask=d_ok, other=0.0).to(tl.float32)
-        out = out * (1.0 / (1.0 + tl.exp(-gate)))
+        out = out * _sigmoid(gate)
     tl.store(out_ptr + row * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
