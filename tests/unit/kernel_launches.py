@@ -7,11 +7,14 @@ kernels and the compiler's cannot share one):
 - ``record FILE`` (TRITON_INTERPRET=1): runs the paths on a two-layer model of the 0.8B shape (its head
   sizes decide the kernels' block sizes), in float32 and with bfloat16 projections: the Triton forward,
   decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration), the
-  gated delta rule on bf16 inputs, the conv, KV, checksum and slot-copy kernels. Launches are recorded,
+  gated delta rule's walk in every configuration a GPU may pick (float32 and bf16 inputs), the conv,
+  KV, checksum and slot-copy kernels. Launches are recorded,
   not run (their outputs are never read), and written with their argument types, constexpr values and
   launch options, one entry per distinct signature.
 - ``compile FILE`` (no interpreter): compiles each entry to a cubin for sm_90 with this machine's triton
-  and prints, per entry, the shared memory it asks or the compiler's error, as JSON.
+  and prints, per entry, the shared memory it asks, its registers per thread and the bytes it spills
+  (``ptxas -v``, triton's own ptxas), or the compiler's error, as JSON. The registers and spills are a
+  static profile of where a kernel is short of registers, read without a GPU; nothing asserts them.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _exercise() -> None:
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.checksum.triton import checksum_lanes
     from mini_engine.ops.decode_rows import gemm
-    from mini_engine.ops.gated_delta_rule.triton import chunk_gated_delta_rule_triton
+    from mini_engine.ops.gated_delta_rule.triton import chunk_gated_delta_rule_triton, walk_configs
     from mini_engine.ops.gated_delta_rule.triton_decode import fused_recurrent_gated_delta_rule_triton
     from mini_engine.ops.slot_copy.triton import copy_slots
 
@@ -109,9 +112,12 @@ def _exercise() -> None:
             for choice in gemm.configs(*weight.shape):
                 gemm.linear(x, weight, rows=1, config=choice)
     heads, dim, tokens = 32, 128, 130
-    q, k, v = (torch.randn(tokens, heads, dim).to(torch.bfloat16) for _ in range(3))
     g, beta = -torch.rand(tokens, heads), torch.rand(tokens, heads)
-    chunk_gated_delta_rule_triton(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=torch.tensor([0, 100, tokens]))
+    for dtype in (torch.float32, torch.bfloat16):  # the walk in every configuration a GPU may pick for it
+        q, k, v = (torch.randn(tokens, heads, dim).to(dtype) for _ in range(3))
+        for walk in walk_configs(dtype):
+            chunk_gated_delta_rule_triton(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=torch.tensor([0, 100, tokens]),
+                                          config=walk)
     pool = torch.zeros(3, heads, dim, dim)
     fused_recurrent_gated_delta_rule_triton(q=q[:2], k=k[:2], v=v[:2], g=g[:2], beta=beta[:2], state_pool=pool,
                                             state_indices=torch.tensor([1, 2]))
@@ -149,10 +155,32 @@ def compile_all(path: str) -> None:
             compiled = triton.compile(ASTSource(fn=kernel, signature=signature,
                                                 constexprs=entry["constexprs"]),
                                       target=GPUTarget(*TARGET), options=entry["options"])
-            results.append({**what, "shared": compiled.metadata.shared})
+            results.append({**what, "shared": compiled.metadata.shared, **_registers(compiled.asm["ptx"])})
         except Exception as error:  # the compiler's own message is the finding
             results.append({**what, "error": f"{type(error).__name__}: {error}"[:2000]})
     json.dump(results, sys.stdout)
+
+
+def _registers(ptx: str) -> dict:
+    """Registers per thread and spilled bytes (stores, loads) of a kernel's PTX, from triton's ptxas."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as folder:
+        source = os.path.join(folder, "kernel.ptx")
+        with open(source, "w") as handle:
+            handle.write(ptx)
+        report = subprocess.run([ptxas, "-v", "--gpu-name", f"sm_{TARGET[1]}a", source, "-o", os.devnull],
+                                capture_output=True, text=True, timeout=120).stderr
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return {"registers": int(registers.group(1)) if registers else None,
+            "spill_bytes": [int(spills.group(1)), int(spills.group(2))] if spills else None}
 
 
 if __name__ == "__main__":

@@ -36,6 +36,10 @@ __all__ = ["causal_conv1d", "causal_conv1d_update"]
 
 BLOCK_T = 64
 MAX_BLOCK_C = 128
+# The prefill tile: BLOCK_T x 64 channels over 8 warps. At 128 channels over 4 warps ptxas spills 1.6 KB a thread
+# (255 registers); this asks 181 and spills nothing (``tests/unit/kernel_launches.py compile``, sm_90). A
+# tile's shape never changes a value: every output is its own taps summed in order.
+PREFILL_BLOCK_C, PREFILL_WARPS = 64, 8
 
 
 @triton.jit
@@ -219,10 +223,11 @@ def causal_conv1d(
     has_state = source is not None
     state = source if has_state else final  # an unread placeholder pointer when there is no state
     if n_tokens:
-        _prefill_kernel[(triton.cdiv(n_tokens, BLOCK_T), triton.cdiv(channels, block_c))](
+        tile_c = min(PREFILL_BLOCK_C, block_c)
+        _prefill_kernel[(triton.cdiv(n_tokens, BLOCK_T), triton.cdiv(channels, tile_c))](
             x, weight, out, state, source_slots, cu, n_tokens, channels, n_seq, max(1, n_seq.bit_length()),
             *x.stride(), *weight.stride(), *out.stride(), *state.stride(),
-            WIDTH=width, HAS_STATE=has_state, SILU=silu, BLOCK_T=BLOCK_T, BLOCK_C=block_c)
+            WIDTH=width, HAS_STATE=has_state, SILU=silu, BLOCK_T=BLOCK_T, BLOCK_C=tile_c, num_warps=PREFILL_WARPS)
     if n_seq:
         _final_state_kernel[(n_seq, triton.cdiv(channels, block_c))](
             x, state, source_slots, final, final_slots, cu, channels,

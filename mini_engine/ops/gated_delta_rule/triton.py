@@ -310,12 +310,20 @@ def _default_walk_config(pairs: int, v_dim: int, device: torch.device, dtype: to
     if device.type != "cuda":
         return LaunchConfig(block_v=min(64, v_dim))
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    *wider, narrowest = walk_configs(dtype)
+    for config in wider:
+        if config.block_v <= v_dim and pairs * (v_dim // config.block_v) >= sms * 3 // 4:
+            return config
+    return narrowest
+
+
+def walk_configs(dtype: torch.dtype) -> list[LaunchConfig]:
+    """Every configuration ``_default_walk_config`` picks from on a GPU for inputs of ``dtype``, widest first."""
     wide = dtype == torch.float32
     stages = 2 if wide else 3
-    for block_v, num_warps in ((64, 8), (32, 4)):
-        if (wide or block_v <= 32) and block_v <= v_dim and pairs * (v_dim // block_v) >= sms * 3 // 4:
-            return LaunchConfig(block_v=block_v, num_warps=num_warps, num_stages=stages)
-    return LaunchConfig(block_v=16, num_stages=stages)
+    return [*(LaunchConfig(block_v=block_v, num_warps=num_warps, num_stages=stages)
+              for block_v, num_warps in ((64, 8), (32, 4)) if wide or block_v <= 32),
+            LaunchConfig(block_v=16, num_stages=stages)]
 
 
 class _ChunkPlan(NamedTuple):
