@@ -137,9 +137,8 @@ def _conv_window(x_row, w, w_stride, state_row, state_stride, c, WIDTH: tl.const
 
 @triton.jit
 def _conv_gdn_rows_kernel(x, x_stride, w, w_stride, pool, slot_stride, state_stride, slots, a, b, ab_stride, A_log,
-                          dt_bias, out,
-                          pending, pending_slot_stride, pending_slots, pending_rows, HK, HV, KEY_DIM, VALUE_DIM,
-                          WIDTH, threshold, CONV_W: tl.constexpr, BLOCK_W: tl.constexpr, DK: tl.constexpr,
+                          dt_bias, out, pending, pending_slot_stride, pending_slots, pending_rows, HK, HV, KEY_DIM,
+                          VALUE_DIM, WIDTH, threshold, CONV_W: tl.constexpr, BLOCK_W: tl.constexpr, DK: tl.constexpr,
                           DV: tl.constexpr, HAS_PENDING: tl.constexpr):
     """Program (row, j): the conv of key head j's q and k channels (j < HK) or of value head j - HK's channels, its
     slot's conv state advanced in place, and that head's part of the prepared row (``_gdn_rows_kernel``'s)."""
