@@ -145,3 +145,23 @@ def test_bad_slots_are_refused(tiny_model):
     with pytest.raises(ValueError, match="one slot, position, token"):
         decode_step(DecodeModel(tiny_model), pools, torch.zeros(1, dtype=torch.long), [1, 2], [3, 3],
                     torch.zeros(2, 1, dtype=torch.int32))
+
+
+def test_a_step_reading_its_tokens_from_the_slot_pool_gets_the_same_bits(setup, tiny_model):
+    """``DecodeGraphs``' first step of a size runs eagerly and reads each sequence's token from the per-slot pool in
+    the prologue (no gather launch): the logits and pools are ``decode_step``'s on the same tokens, bit for bit."""
+    from mini_engine.model.decode import DecodeGraphs
+
+    _, _, tables, before, _, _, _ = setup
+    width = max(map(len, tables))
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    pool = torch.randint(0, tiny_model.config.vocab_size, (8,), generator=torch.Generator().manual_seed(17))
+    fused = DecodeModel(tiny_model)
+    given, pooled = (Pools(*(t.clone() for t in before)) for _ in range(2))
+    want = decode_step(fused, given, pool[list(SLOTS)], list(SLOTS), list(LENGTHS), table)
+    got = DecodeGraphs(fused, pooled, pool)(list(SLOTS), list(LENGTHS), table)
+    assert torch.equal(got, want)
+    for name, a, b in zip(Pools._fields, pooled[:5], given[:5]):
+        assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink
+    with pytest.raises(ValueError, match="page table has 1 columns"):
+        decode_step(fused, given, pool[:1], [SLOTS[0]], [PAGE], table[:1, :1])
