@@ -15,6 +15,10 @@ kernels and the compiler's cannot share one):
   and prints, per entry, the shared memory it asks, its registers per thread and the bytes it spills
   (``ptxas -v``, triton's own ptxas), or the compiler's error, as JSON. The registers and spills are a
   static profile of where a kernel is short of registers, read without a GPU; nothing asserts them.
+- ``report FILE``: both steps, each in its own process, then a table of the distinct compiled kernels,
+  the most spilled first, printed and written to FILE as JSON (``benchmarks/results/kernel_registers_*``).
+
+Run from the repository root: ``python -m tests.unit.kernel_launches report OUT.json``.
 """
 
 from __future__ import annotations
@@ -183,5 +187,51 @@ def _registers(ptx: str) -> dict:
             "spill_bytes": [int(spills.group(1)), int(spills.group(2))] if spills else None}
 
 
+def run_step(step: str, path: str, *, interpret: bool) -> str:
+    """``record`` or ``compile`` in a process of its own (the interpreter set or not); returns its stdout."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, "-m", "tests.unit.kernel_launches", step, str(path)],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"kernel_launches {step} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def report(path: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        launches = f"{folder}/launches.json"
+        run_step("record", launches, interpret=True)
+        results = json.loads(run_step("compile", launches, interpret=False))
+    import triton
+
+    kernels = {}
+    for r in results:
+        if "error" in r:
+            print(f"does not compile: {r['module']}.{r['kernel']} {r['constexprs']}: {r['error'][:300]}")
+            continue
+        key = (r["module"].split("ops.")[-1] + "." + r["kernel"], r["registers"], tuple(r["spill_bytes"] or ()),
+               r["shared"])
+        kernels.setdefault(key, r["constexprs"])
+    rows = [{"kernel": k[0], "registers": k[1], "spill_bytes": list(k[2]), "shared": k[3], "constexprs": c}
+            for k, c in sorted(kernels.items(), key=lambda kv: (-(kv[0][2] or (0,))[0], kv[0][0]))]
+    print(f"sm_{TARGET[1]}, triton {triton.__version__}: {len(results)} signatures, {len(rows)} distinct kernels, "
+          f"{sum(1 for r in rows if r['spill_bytes'] and r['spill_bytes'][0])} spill")
+    print(f"{'kernel':<48}{'registers':>10}{'spill st/ld':>14}{'shared':>9}")
+    for r in rows:
+        spill = "/".join(map(str, r["spill_bytes"])) or "?"
+        print(f"{r['kernel']:<48}{r['registers'] or '?':>10}{spill:>14}{r['shared']:>9}")
+    with open(path, "w") as handle:
+        json.dump({"target": f"sm_{TARGET[1]}", "triton": triton.__version__, "signatures": len(results),
+                   "kernels": rows}, handle, indent=1, default=str)
+
+
 if __name__ == "__main__":
-    {"record": record, "compile": compile_all}[sys.argv[1]](sys.argv[2])
+    {"record": record, "compile": compile_all, "report": report}[sys.argv[1]](sys.argv[2])

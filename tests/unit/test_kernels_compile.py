@@ -8,15 +8,10 @@ compiles each distinct signature to a cubin with this machine's triton."""
 
 import ast
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mini_engine.ops
-from tests.unit.kernel_launches import SHARED_LIMIT
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.unit.kernel_launches import SHARED_LIMIT, run_step
 
 
 def _kernels_defined() -> set[tuple[str, str]]:
@@ -32,23 +27,13 @@ def _kernels_defined() -> set[tuple[str, str]]:
     return found
 
 
-def _run(step: str, path: Path, interpret: bool) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    done = subprocess.run([sys.executable, "-m", "tests.unit.kernel_launches", step, str(path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"kernel_launches {step} failed:\n{done.stderr[-3000:]}"
-    return done.stdout
-
-
 def test_every_kernel_compiles_for_the_h200(tmp_path):
     launches = tmp_path / "launches.json"
-    _run("record", launches, interpret=True)
+    run_step("record", launches, interpret=True)
     recorded = json.loads(launches.read_text())
     missing = _kernels_defined() - {(e["module"], e["kernel"]) for e in recorded}
     assert not missing, f"kernels the recorder never launched (exercise them in kernel_launches): {sorted(missing)}"
-    results = json.loads(_run("compile", launches, interpret=False))
+    results = json.loads(run_step("compile", launches, interpret=False))
     assert len(results) == len(recorded)
     failed = [f"{r['module']}.{r['kernel']} {r['constexprs']}: {r['error']}" for r in results if "error" in r]
     assert not failed, "\n".join(failed)
