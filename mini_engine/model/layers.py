@@ -59,7 +59,7 @@ class SwiGLU(nn.Module):
         if kernels == "triton":
             from mini_engine.ops.decode_rows.triton import silu_mul
 
-            hidden = silu_mul(gate_up=torch.cat([gate, up], dim=-1), out_dtype=torch.float32)
+            hidden = silu_mul(gate_up=gate, up=up, out_dtype=torch.float32)
         else:
             hidden = inv.silu(gate) * up
         return ops.linear(kernels, hidden, self.down_proj.weight)
