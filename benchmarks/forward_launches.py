@@ -14,10 +14,16 @@ deterministic: no repeats, no spread.
 ``--step forward`` counts ``HybridModel.forward`` on prompts of ``--lengths``; ``--step decode`` counts one
 ``model.decode.decode_step`` of ``--batch`` sequences on the engine's pools (what a decode graph replays).
 
+``--step prefill-op`` counts what the engine's device op for a batch of prefill chunks launches
+(``ModelRunner._forward_model``): each item's state read from its slot and its prefix's KV from its pages, the
+forward, and the results written back (slots, pages, the track snapshot, the sampled token); items of
+``--lengths`` new tokens after prefixes of ``--prefix`` tokens (64-multiples), ``--kernels`` the prefill's.
+
 ``--shape 0.8b`` (decode only) counts the step of ``gpu_engine.py``'s Qwen3.5-0.8B-shaped model.
 
-Usage: ``python benchmarks/forward_launches.py [--step forward|decode] [--lengths 200 30 30 30] [--batch 4]
-[--shape tiny|0.8b] [--kernels triton reference] [--snapshots all|last] [--out FILE]``.
+Usage: ``python benchmarks/forward_launches.py [--step forward|decode|prefill-op] [--lengths 200 30 30 30]
+[--prefix 0 64 128 0] [--batch 4] [--shape tiny|0.8b] [--kernels triton reference] [--snapshots all|last]
+[--out FILE]``.
 """
 
 from __future__ import annotations
@@ -115,10 +121,44 @@ def count_decode(model, batch: int) -> dict:
             **census(setup, lambda pools: decode_step(fused, pools, tokens, slots, [0] * batch, table))}
 
 
+def count_prefill_op(model, prefixes: list[int], lengths: list[int], kernels: str) -> dict:
+    """One prefill op of the engine's runner: item i feeds ``lengths[i]`` tokens after ``prefixes[i]`` cached ones
+    (its state in live slot i + 1, its pages its own), samples after its last token and writes its track snapshot
+    when it ends past a 64-boundary. The slots and pages hold zeros: the launches do not depend on them."""
+    from mini_engine.device.base import Event
+    from mini_engine.engine import Engine, EngineConfig
+    from mini_engine.engine.request import Commit, Request, SamplingParams
+    from mini_engine.engine.runner import Batch, BatchItem
+
+    config = EngineConfig(device="sim", prefill_kernels=kernels, decode_kernels="reference", page_size=16)
+    engine = Engine(config, model=model)
+    gen = torch.Generator().manual_seed(0)
+    items, first_page = [], 1
+    for i, (start, n) in enumerate(zip(prefixes, lengths)):
+        end = start + n
+        pages = tuple(range(first_page, first_page + -(-end // config.page_size)))
+        first_page += len(pages)
+        prompt = torch.randint(0, model.config.vocab_size, (end,), generator=gen)
+        track = Commit(end // 64 * 64, len(lengths) + 1 + i) if end // 64 > start // 64 else None
+        items.append(BatchItem(Request(f"r{i}", prompt.tolist(), SamplingParams()), start, n, prompt[start:],
+                               i + 1, pages, True, track))
+
+    def setup() -> Batch:
+        results = [torch.zeros(len(items), 2, dtype=torch.long) for _ in range(2)]
+        return Batch(0, items, *results, Event(0))
+
+    indices = list(range(len(items)))
+    return {"kernels": kernels, **census(setup, lambda batch: engine.runner._forward_model(
+        batch, indices, {i: list(it.pages) for i, it in enumerate(items)}))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--step", choices=("forward", "decode"), default="forward")
+    parser.add_argument("--step", choices=("forward", "decode", "prefill-op"), default="forward")
     parser.add_argument("--lengths", type=int, nargs="+", default=[200, 30, 30, 30], help="prompt tokens per sequence")
+    parser.add_argument("--prefix", type=int, nargs="+", default=None,
+                        help="--step prefill-op: cached tokens before each sequence's new ones (64-multiples; "
+                             "default 0)")
     parser.add_argument("--batch", type=int, default=4, help="--step decode: sequences in the step")
     parser.add_argument("--shape", choices=("tiny", "0.8b"), default="tiny",
                         help="--step decode: the built-in tiny model or the 0.8B shape of gpu_engine.py")
@@ -129,9 +169,15 @@ def main() -> None:
     if args.shape == "0.8b" and args.step != "decode":
         parser.error("--shape 0.8b: only with --step decode (a forward of it takes the interpreter too long)")
     model = build_builtin() if args.shape == "tiny" else _shape_08b_model()
+    prefixes = args.prefix or [0] * len(args.lengths)
+    if len(prefixes) != len(args.lengths) or any(p % 64 or p < 0 for p in prefixes):
+        parser.error(f"--prefix: one non-negative 64-multiple per --lengths entry; got {prefixes}")
     if args.step == "decode":
         rows = [count_decode(model, args.batch)]
         what = f"one decode step of {args.batch} sequences"
+    elif args.step == "prefill-op":
+        rows = [count_prefill_op(model, prefixes, args.lengths, kernels) for kernels in args.kernels]
+        what = f"the engine's prefill op: {args.lengths} new tokens after prefixes of {prefixes}"
     else:
         gen = torch.Generator().manual_seed(0)
         prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=gen) for n in args.lengths]
@@ -147,7 +193,8 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as handle:
             json.dump({"model": model.config.name, "layers": len(model.model.layers), "step": args.step,
-                       "lengths": args.lengths, "batch": args.batch, "snapshots": args.snapshots, "rows": rows},
+                       "lengths": args.lengths, "prefix": prefixes, "batch": args.batch, "snapshots": args.snapshots,
+                       "rows": rows},
                       handle, indent=2)
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mini_engine.device import upload
 from mini_engine.model import kernels as ops
 from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import ModelConfig
-from mini_engine.model.layers import OffsetRMSNorm, Rotary, new_linear
+from mini_engine.model.layers import FusedProjection, OffsetRMSNorm, Rotary, new_linear
 from mini_engine.ops import invariant as inv
 
 __all__ = ["GatedAttention"]
@@ -31,23 +30,23 @@ class GatedAttention(nn.Module):
         self.q_norm = OffsetRMSNorm(self.d, c.rms_norm_eps)
         self.k_norm = OffsetRMSNorm(self.d, c.rms_norm_eps)
         self.rotary = Rotary(c)
+        self.qkv = FusedProjection(self.q_proj, self.k_proj, self.v_proj)  # q (with its gates) | k | v
 
     def forward(self, h: torch.Tensor, batch: PackedBatch, past_keys: list[torch.Tensor],
                 past_values: list[torch.Tensor], kernels: str = "reference"):
         """past_*: per sequence [start, Hkv, D]. Returns (output, new keys, new values) with new K/V [N, Hkv, D].
         ``kernels``: the attention's implementation (``mini_engine.model.kernels``)."""
         n = h.shape[0]
-        positions = upload(batch.positions, h.device)
-        q_gate = ops.linear(kernels, h, self.q_proj.weight)  # per query head: its d query channels, then its gate's
-        if kernels == "triton":  # the norms, RoPE and the layout in one row kernel (the decode step's)
+        positions = batch.positions_on(h.device)
+        if kernels == "triton":  # one gemm for q | k | v; norms, RoPE and layout in one row kernel (the decode step's)
             from mini_engine.ops.decode_rows.triton import qk_norm_rope
 
-            qkv = torch.cat([q_gate, ops.linear(kernels, h, self.k_proj.weight),
-                             ops.linear(kernels, h, self.v_proj.weight)], dim=-1)
+            qkv = ops.linear(kernels, h, self.qkv.weight())
             q, k, v = qk_norm_rope(qkv=qkv, batch=n, positions=positions, q_weight=self.q_norm.weight,
                                    k_weight=self.k_norm.weight, inv_freq=self.rotary.frequencies(h.device),
                                    eps=self.q_norm.eps, heads=(self.hq, self.hkv), head_dim=self.d)
         else:
+            q_gate = ops.linear(kernels, h, self.q_proj.weight)  # per query head: its d query channels, then its gate's
             q, gate = q_gate.reshape(n, self.hq, 2 * self.d).chunk(2, dim=-1)
             q = self.rotary(self.q_norm(q), positions)
             k = ops.linear(kernels, h, self.k_proj.weight).reshape(n, self.hkv, self.d)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
+
+from mini_engine.device import upload
 
 __all__ = ["PackedBatch"]
 
@@ -14,6 +16,7 @@ __all__ = ["PackedBatch"]
 class PackedBatch:
     starts: tuple[int, ...]  # absolute position of each sequence's first new token
     lengths: tuple[int, ...]  # new tokens per sequence (>= 1)
+    _uploaded: dict = field(default_factory=dict, init=False, compare=False, repr=False)  # device -> positions
 
     def __post_init__(self) -> None:
         if len(self.starts) != len(self.lengths):
@@ -33,6 +36,12 @@ class PackedBatch:
     @property
     def positions(self) -> torch.Tensor:
         return torch.cat([torch.arange(s, s + n) for s, n in zip(self.starts, self.lengths)])
+
+    def positions_on(self, device: torch.device) -> torch.Tensor:
+        """``positions`` on ``device``, uploaded once for the batch (every attention layer of a forward reads them)."""
+        if device not in self._uploaded:
+            self._uploaded[device] = upload(self.positions, device)
+        return self._uploaded[device]
 
     def rows(self, i: int) -> slice:
         lo = sum(self.lengths[:i])

@@ -97,7 +97,8 @@ class _LayerWeights(NamedTuple):
 class DecodeModel:
     """A model as the decode step reads it: per layer, the projections that share an input fused into one
     weight (one gemm instead of four), next to the model's own modules for everything else. The fused
-    weights are copies (the model stays as it was), in the model's weight dtype and on its device."""
+    weights are the model's ``FusedProjection``s as they are at construction (copies of the parts, in the
+    model's weight dtype and on its device, shared with the Triton prefill)."""
 
     def __init__(self, model, *, gemm: str = "cublas") -> None:
         if gemm not in DECODE_GEMMS:
@@ -133,15 +134,9 @@ class DecodeModel:
 
 
 def _fuse(layer) -> _LayerWeights:
-    if layer.layer_type == LINEAR:
-        m = layer.linear_attn
-        parts = (m.in_proj_qkv, m.in_proj_z, m.in_proj_b, m.in_proj_a)
-    else:
-        m = layer.self_attn
-        parts = (m.q_proj, m.k_proj, m.v_proj)
-    mlp = layer.mlp
-    return _LayerWeights(torch.cat([p.weight for p in parts]).detach(),
-                         torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach())
+    """The layer's fused projections (``FusedProjection``): the same tensors the Triton prefill multiplies by."""
+    in_proj = layer.linear_attn.in_proj if layer.layer_type == LINEAR else layer.self_attn.qkv
+    return _LayerWeights(in_proj.weight(), layer.mlp.gate_up.weight())
 
 
 @torch.no_grad()

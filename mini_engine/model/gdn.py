@@ -20,7 +20,7 @@ from torch import nn
 from mini_engine.model import kernels as ops
 from mini_engine.model.batch import PackedBatch
 from mini_engine.model.config import SNAPSHOT_ALIGN, ModelConfig
-from mini_engine.model.layers import GatedRMSNorm, new_linear
+from mini_engine.model.layers import FusedProjection, GatedRMSNorm, new_linear
 from mini_engine.ops import invariant as inv
 from mini_engine.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -55,26 +55,32 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps)
         self.out_proj = new_linear(self.value_dim, c.hidden_size)
+        self.in_proj = FusedProjection(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
     def _prepare(self, h: torch.Tensor, batch: PackedBatch, conv_state: torch.Tensor, kernels: str = "reference"):
-        """Projections and conv: returns prepared rows [N, pending_width], the gate z, conv results."""
-        mixed = ops.linear(kernels, h, self.in_proj_qkv.weight)
-        conv = ops.conv(kernels, x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
-                        initial_state=conv_state)
-        z = ops.linear(kernels, h, self.in_proj_z.weight)
-        if kernels == "triton":  # the l2 norms, the gates and the row layout in one row kernel (the decode step's)
+        """Projections and conv: returns prepared rows [N, pending_width], the gate z, the conv's input (the
+        qkv projection) and its final states."""
+        if kernels == "triton":  # one gemm for qkv | z | b | a, the l2 norms, gates and row layout in one row kernel
             from mini_engine.ops.decode_rows.triton import gdn_rows
 
-            rows = gdn_rows(conv=conv.output, a=ops.linear(kernels, h, self.in_proj_a.weight),
-                            b=ops.linear(kernels, h, self.in_proj_b.weight), A_log=self.A_log, dt_bias=self.dt_bias,
+            mixed, z, b, a = ops.linear(kernels, h, self.in_proj.weight()).split(self.in_proj.widths, dim=-1)
+            conv = self._conv(mixed, batch, conv_state, kernels)
+            rows = gdn_rows(conv=conv.output, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias,
                             heads=(self.hk, self.hv), head_dims=(self.dk, self.dv))
             return rows, z, mixed, conv.final_state
+        mixed = ops.linear(kernels, h, self.in_proj_qkv.weight)
+        conv = self._conv(mixed, batch, conv_state, kernels)
+        z = ops.linear(kernels, h, self.in_proj_z.weight)
         q, k, v = conv.output.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = inv.l2_normalize(q.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
         k = inv.l2_normalize(k.reshape(-1, self.hk, self.dk)).reshape(-1, self.key_dim)
         g, beta = self.gates(h, kernels)
         rows = torch.cat([q, k, v, g, beta], dim=-1)
         return rows, z, mixed, conv.final_state
+
+    def _conv(self, mixed: torch.Tensor, batch: PackedBatch, conv_state: torch.Tensor, kernels: str):
+        return ops.conv(kernels, x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
+                        initial_state=conv_state)
 
     def gates(self, h: torch.Tensor, kernels: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
         """Per token and value head: the log-decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``."""
@@ -139,9 +145,16 @@ class GatedDeltaNet(nn.Module):
     def _boundary_conv(history: torch.Tensor, mixed: torch.Tensor, start: int, last_only: bool = False
                        ) -> list[torch.Tensor]:
         """Conv state (last W-1 inputs) at every 64-boundary in (start, start + n], or at the last one only."""
-        width_1 = history.shape[1]
-        window = torch.cat([history.t(), mixed])  # row r is absolute position start - (W-1) + r
         first = start // SNAPSHOT_ALIGN * SNAPSHOT_ALIGN + SNAPSHOT_ALIGN
         positions = range(first, start + mixed.shape[0] + 1, SNAPSHOT_ALIGN)
-        return [window[p - start : p - start + width_1].t().contiguous()
+        return [GatedDeltaNet._conv_inputs_before(history, mixed, p - start)
                 for p in (positions[-1:] if last_only else positions)]
+
+    @staticmethod
+    def _conv_inputs_before(history: torch.Tensor, mixed: torch.Tensor, row: int) -> torch.Tensor:
+        """The conv state [C, W-1] before new row ``row`` (>= 1): the last W-1 inputs, from ``mixed`` [n, C] (the
+        new rows) and, when it holds fewer than W-1 before ``row``, ``history`` [C, W-1] (the inputs before them)."""
+        lo = row - history.shape[1]
+        if lo >= 0:
+            return mixed[lo:row].t().contiguous()
+        return torch.cat([history[:, lo:], mixed[:row].t()], dim=1)

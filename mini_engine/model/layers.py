@@ -13,12 +13,41 @@ from mini_engine.model import kernels as ops
 from mini_engine.model.config import ModelConfig
 from mini_engine.ops import invariant as inv
 
-__all__ = ["OffsetRMSNorm", "GatedRMSNorm", "SwiGLU", "Rotary", "new_linear"]
+__all__ = ["FusedProjection", "OffsetRMSNorm", "GatedRMSNorm", "SwiGLU", "Rotary", "new_linear"]
 
 
 def new_linear(n_in: int, n_out: int) -> nn.Linear:
     """A bias-free weight holder; forward passes call ``inv.linear`` on its ``weight``."""
     return nn.Linear(n_in, n_out, bias=False)
+
+
+class FusedProjection:
+    """Projections that read the same rows, as one weight: theirs concatenated by output rows (in the order
+    given), so one gemm computes them all. The Triton gemms pick their tiles by the weight's dtype and input
+    width alone and reduce each output over K in one fixed order, so a projection's columns of the fused
+    result are the bits of its own gemm (the reference's ``inv.linear`` makes no such promise: it is not used
+    fused).
+
+    The concatenation is a copy, made on first use and again whenever a part's weight changes (a new tensor,
+    dtype or device, or an in-place write): never stale. Not an ``nn.Module``: it holds no parameter of its own,
+    so state dicts and checkpoints do not see it."""
+
+    def __init__(self, *parts: nn.Linear) -> None:
+        self.parts = parts
+        self._key: tuple | None = None
+        self._weight: torch.Tensor | None = None
+
+    @property
+    def widths(self) -> list[int]:
+        """Each part's output width, in order: how to split the fused result."""
+        return [p.weight.shape[0] for p in self.parts]
+
+    def weight(self) -> torch.Tensor:
+        key = tuple((p.weight.data_ptr(), p.weight._version, p.weight.dtype, p.weight.device) for p in self.parts)
+        if key != self._key:
+            self._weight = torch.cat([p.weight.detach() for p in self.parts])
+            self._key = key
+        return self._weight
 
 
 class OffsetRMSNorm(nn.Module):
@@ -51,16 +80,17 @@ class SwiGLU(nn.Module):
         self.gate_proj = new_linear(hidden, intermediate)
         self.up_proj = new_linear(hidden, intermediate)
         self.down_proj = new_linear(intermediate, hidden)
+        self.gate_up = FusedProjection(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, kernels: str = "reference") -> torch.Tensor:
-        """``kernels``: the projections' implementation (``mini_engine.model.kernels``); "triton" also takes
-        SiLU(gate) * up in one row kernel (the decode step's)."""
-        gate, up = ops.linear(kernels, x, self.gate_proj.weight), ops.linear(kernels, x, self.up_proj.weight)
+        """``kernels``: the projections' implementation (``mini_engine.model.kernels``); "triton" computes gate
+        and up in one gemm (``gate_up``) and SiLU(gate) * up in one row kernel (the decode step's)."""
         if kernels == "triton":
             from mini_engine.ops.decode_rows.triton import silu_mul
 
-            hidden = silu_mul(gate_up=gate, up=up, out_dtype=torch.float32)
+            hidden = silu_mul(gate_up=ops.linear(kernels, x, self.gate_up.weight()), out_dtype=torch.float32)
         else:
+            gate, up = ops.linear(kernels, x, self.gate_proj.weight), ops.linear(kernels, x, self.up_proj.weight)
             hidden = inv.silu(gate) * up
         return ops.linear(kernels, hidden, self.down_proj.weight)
 

@@ -12,6 +12,7 @@ from tests.unit.kernel_support import (
     check_conv_steps_equal_prefill,
     check_conv_update,
     check_copy_slots,
+    check_fused_projection,
     check_linear,
     check_paged_decode,
     check_paged_prefill,
@@ -86,3 +87,10 @@ def test_linear(dtype, rows, n_out, n_in):
     """The prefill's projections at Qwen3.5-0.8B's shapes (the GDN in_proj, the MLP's down_proj, the byte
     head): within tolerance, and a row's bits the same alone, in the batch, or in another batch."""
     check_linear(rows=rows, n_out=n_out, n_in=n_in, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_projection(dtype):
+    """The GDN layer's fused qkv | z | b | a at Qwen3.5-0.8B's widths: each part's columns are its own gemm's bits
+    (b starts inside a column tile)."""
+    check_fused_projection(rows=1000, widths=(6144, 2048, 16, 16), n_in=1024, dtype=dtype, device="cuda")

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from mini_engine.model.layers import FusedProjection
 from mini_engine.ops import causal_conv1d as reference_conv
 from mini_engine.ops import causal_conv1d_update as reference_conv_update
 from mini_engine.ops.attention import attention_with_prefix, gather_pages
@@ -240,6 +241,19 @@ def check_copy_slots(*, device, recurrent=True, **shapes) -> None:
     copy_slots(pools=pools[:kept], dst=dst, src=src, pending=pools[2], rows=rows)
     for name, got, want in zip(("conv", "rec", "pending"), pools, expected):
         assert torch.equal(got, want), name
+
+
+def check_fused_projection(*, rows, widths, n_in, dtype, device, seed=0) -> None:
+    """One gemm of a ``FusedProjection`` of parts ``widths`` wide: each part's columns are the bits of the part's
+    own gemm (what lets the Triton prefill and the decode step fuse the projections that read the same rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = [torch.nn.Linear(n_in, n, bias=False) for n in widths]
+    for part in parts:
+        part.weight.data = (randn(part.weight.shape[0], n_in, gen=gen) * n_in ** -0.5).to(device=device, dtype=dtype)
+    fused = FusedProjection(*parts)
+    x = randn(rows, n_in, gen=gen, device=device)
+    for part, columns in zip(parts, linear(x, fused.weight()).split(fused.widths, dim=-1)):
+        assert torch.equal(columns, linear(x, part.weight)), f"the part {part.weight.shape[0]} wide"
 
 
 def check_linear(*, rows, n_out, n_in, dtype, device, seed=0) -> float:

@@ -3,15 +3,39 @@ shapes: values within tolerance of ``inv.linear``, a row's bits independent of t
 
 import pytest
 import torch
+from torch import nn
 
+from mini_engine.model.layers import FusedProjection
 from mini_engine.ops.linear.triton import LinearConfig, config_for, linear
-from tests.unit.kernel_support import check_linear
+from tests.unit.kernel_support import check_fused_projection, check_linear
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize(("rows", "n_out", "n_in"), [(1, 4, 128), (37, 260, 384), (130, 200, 40), (64, 128, 96)])
 def test_linear_matches_the_reference_and_is_batch_invariant(rows, n_out, n_in, dtype):
     check_linear(rows=rows, n_out=n_out, n_in=n_in, dtype=dtype, device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_a_fused_projection_gives_each_part_its_own_bits(dtype):
+    """Parts of odd widths (a part starting inside a column tile included): the fused gemm's columns are each
+    part's own gemm, bit for bit."""
+    check_fused_projection(rows=70, widths=(130, 16, 16, 200), n_in=96, dtype=dtype, device="cpu")
+
+
+def test_a_fused_projection_follows_its_parts():
+    """The fused weight is made once and made again after any change to a part: never stale, never a copy per use."""
+    a, b = nn.Linear(8, 3, bias=False), nn.Linear(8, 5, bias=False)
+    fused = FusedProjection(a, b)
+    first = fused.weight()
+    assert fused.widths == [3, 5] and torch.equal(first, torch.cat([a.weight, b.weight]))
+    assert fused.weight() is first  # unchanged parts: the same tensor
+    with torch.no_grad():
+        b.weight[0].fill_(7.0)  # an in-place write (a checkpoint load copies in place)
+    assert torch.equal(fused.weight()[3], torch.full((8,), 7.0))
+    for part in (a, b):
+        part.weight.data = part.weight.data.to(torch.float16)  # new tensors (``cast_projections``)
+    assert fused.weight().dtype == torch.float16 and not fused.weight().requires_grad
 
 
 def test_config_depends_on_the_weight_alone():
