@@ -22,8 +22,8 @@ forward, and the results written back (slots, pages, the track snapshot, the sam
 ``--shape 0.8b`` (decode only) counts the step of ``gpu_engine.py``'s Qwen3.5-0.8B-shaped model.
 
 Usage: ``python benchmarks/forward_launches.py [--step forward|decode|prefill-op] [--lengths 200 30 30 30]
-[--prefix 0 64 128 0] [--batch 4] [--shape tiny|0.8b] [--kernels triton reference] [--snapshots all|last]
-[--out FILE]``.
+[--prefix 0 64 128 0] [--batch 4] [--gdn split fused] [--shape tiny|0.8b] [--kernels triton reference]
+[--snapshots all|last] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from engine_throughput import _shape_08b_model  # noqa: E402  (a sibling script: benchmarks/ is on sys.path)
 
+from mini_engine.constants import GDN_STEPS  # noqa: E402
 from mini_engine.model import build_builtin  # noqa: E402
 
 # aten ops that launch nothing on a device: views, allocations, conversions that are no-ops here
@@ -99,7 +100,7 @@ def count(model, prompts: list[torch.Tensor], kernels: str, snapshots: str) -> d
                                          lambda states: model(prompts, states, kernels=kernels, **extra))}
 
 
-def count_decode(model, batch: int) -> dict:
+def count_decode(model, batch: int, gdn: str = "split") -> dict:
     """One decode step of ``batch`` sequences at position 0 of fresh slots, on the pools an engine keeps (the
     launches do not depend on what the slots hold)."""
     from mini_engine.device.sim import SimDevice
@@ -107,7 +108,7 @@ def count_decode(model, batch: int) -> dict:
     from mini_engine.model.decode import DecodeModel, Pools, decode_step
 
     page_size, pages = 16, 4
-    fused, device = DecodeModel(model), SimDevice()
+    fused, device = DecodeModel(model, gdn=gdn), SimDevice()
     slots = list(range(1, batch + 1))
     table = torch.arange(batch * pages, dtype=torch.int32).reshape(batch, pages) + 1
 
@@ -117,7 +118,7 @@ def count_decode(model, batch: int) -> dict:
         return Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
 
     tokens = torch.zeros(batch, dtype=torch.long)
-    return {"kernels": "decode step",
+    return {"kernels": f"decode step, gdn={gdn}",
             **census(setup, lambda pools: decode_step(fused, pools, tokens, slots, [0] * batch, table))}
 
 
@@ -162,6 +163,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="--step decode: sequences in the step")
     parser.add_argument("--shape", choices=("tiny", "0.8b"), default="tiny",
                         help="--step decode: the built-in tiny model or the 0.8B shape of gpu_engine.py")
+    parser.add_argument("--gdn", nargs="+", choices=GDN_STEPS, default=["split"],
+                        help="--step decode: the GDN layers in three launches or one (DecodeModel(gdn=...))")
     parser.add_argument("--kernels", nargs="+", choices=("triton", "reference"), default=["triton", "reference"])
     parser.add_argument("--snapshots", choices=("all", "last"), default="last")
     parser.add_argument("--out", default=None)
@@ -173,7 +176,7 @@ def main() -> None:
     if len(prefixes) != len(args.lengths) or any(p % 64 or p < 0 for p in prefixes):
         parser.error(f"--prefix: one non-negative 64-multiple per --lengths entry; got {prefixes}")
     if args.step == "decode":
-        rows = [count_decode(model, args.batch)]
+        rows = [count_decode(model, args.batch, gdn) for gdn in args.gdn]
         what = f"one decode step of {args.batch} sequences"
     elif args.step == "prefill-op":
         rows = [count_prefill_op(model, prefixes, args.lengths, kernels) for kernels in args.kernels]
@@ -184,11 +187,11 @@ def main() -> None:
         rows = [count(model, prompts, kernels, args.snapshots) for kernels in args.kernels]
         what = f"one forward of {len(prompts)} sequences {args.lengths}, snapshots={args.snapshots}"
     print(f"{model.config.name} ({len(model.model.layers)} layers), {what}")
-    print(f"{'kernels':<13}{'Triton':>8}{'aten':>8}{'launches':>10}   most frequent")
+    print(f"{'kernels':<24}{'Triton':>8}{'aten':>8}{'launches':>10}   most frequent")
     for r in rows:
         top = sorted([*r["triton_by_kernel"].items(), *((name[6:], n) for name, n in r["aten_by_op"].items())],
                      key=lambda kv: -kv[1])[:6]
-        print(f"{r['kernels']:<13}{r['triton']:>8}{r['aten']:>8}{r['launches']:>10}   "
+        print(f"{r['kernels']:<24}{r['triton']:>8}{r['aten']:>8}{r['launches']:>10}   "
               + ", ".join(f"{name} {n}" for name, n in top))
     if args.out:
         with open(args.out, "w") as handle:

@@ -8,3 +8,7 @@ SNAPSHOT_ALIGN = 64
 # "triton" (``decode_rows.gemm.linear``: 16-row tiles, tiles past the batch skipped), or "auto" (per weight
 # shape, whichever of those two and a few Triton configurations ran fastest on the device: ``gemm.choose``).
 DECODE_GEMMS = ("cublas", "triton", "auto")
+
+# The Triton decode step's Gated DeltaNet layers between their projections: "split" (three launches: the conv
+# and prepared row, the replay of the slot's rows, the output norm) or "fused" (one: ``decode_rows.gdn_step``).
+GDN_STEPS = ("split", "fused")

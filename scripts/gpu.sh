@@ -10,8 +10,8 @@
 #              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
 #              off, the ledger on; the safeguards' and the ledger's own work priced on the device)
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
-#              1.6 GB roofline) in bfloat16 against transformers on the same weights, then a batch-1
-#              profile of a decode step (where its ~250 launches go)
+#              1.6 GB roofline) in bfloat16 against transformers on the same weights, each GDN layer in
+#              three launches and in one (decode_gdn), then a batch-1 profile of a decode step of each
 #   prefill    benchmarks/gpu_prefill.py (the engine's prefill and the model forward: the Triton kernels,
 #              the Triton sequence ops with the tiled reference gemm, the references; a profile) and
 #              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
@@ -56,10 +56,11 @@ case "$part" in
             --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json" ;;
     decode)
-        step 300 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 --hf-dtype bfloat16 \
-            --vocab 248320 --out "$out/gpu_engine_qwen_vocab.json"
-        step 240 gpu_engine_profile python3 benchmarks/gpu_engine.py --variants graphs-bf16 --hf-dtype --batches 1 \
-            --repeats 1 --profile "$out/gpu_engine_profile.txt" --profile-batch 1 --out "$out/gpu_engine_b1.json" ;;
+        step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-gdn1 \
+            --hf-dtype bfloat16 --vocab 248320 --out "$out/gpu_engine_qwen_vocab.json"
+        step 200 gpu_engine_profile python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-gdn1 \
+            --hf-dtype --batches 1 --repeats 1 --profile "$out/gpu_engine_profile.txt" --profile-batch 1 \
+            --out "$out/gpu_engine_b1.json" ;;
     prefill)
         step 300 gpu_prefill python3 benchmarks/gpu_prefill.py --chunks 512 --repeats 2 \
             --profile "$out/gpu_prefill_profile.txt" --out "$out/gpu_prefill.json"

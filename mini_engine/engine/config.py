@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mini_engine.constants import DECODE_GEMMS, SNAPSHOT_ALIGN
+from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SNAPSHOT_ALIGN
 from mini_engine.faults import parse_faults
 
 __all__ = ["DONATE_POLICIES", "DTYPES", "KERNEL_CHOICES", "EngineConfig"]
@@ -47,6 +47,7 @@ class EngineConfig:
     prefill_kernels: str = "auto"
     cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
     decode_gemm: str = "cublas"  # the triton decode's 16-bit projections (constants.DECODE_GEMMS)
+    decode_gdn: str = "split"  # the triton decode's Gated DeltaNet layers: three launches or one (constants.GDN_STEPS)
     # The projections' weights (linear layers, embedding, head) and gemm inputs; the residual stream,
     # norms, gates, recurrent states and KV stay float32. "bfloat16" halves the bytes a decode step reads.
     dtype: str = "float32"
@@ -83,6 +84,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
         if self.decode_gemm not in DECODE_GEMMS:
             raise ValueError(f"EngineConfig.decode_gemm={self.decode_gemm!r}; allowed: {DECODE_GEMMS}")
+        if self.decode_gdn not in GDN_STEPS:
+            raise ValueError(f"EngineConfig.decode_gdn={self.decode_gdn!r}; allowed: {GDN_STEPS}")
         for name in ("decode_kernels", "prefill_kernels"):
             choice = getattr(self, name)
             if choice not in KERNEL_CHOICES:

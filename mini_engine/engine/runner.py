@@ -59,7 +59,8 @@ class ModelRunner:
     def __init__(self, model: HybridModel, states: StateStorage, kv: KVStorage, device: Device,
                  stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences, *,
                  instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference",
-                 prefill_path: str = "reference", cuda_graphs: bool = False, decode_gemm: str = "cublas") -> None:
+                 prefill_path: str = "reference", cuda_graphs: bool = False, decode_gemm: str = "cublas",
+                 decode_gdn: str = "split") -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
@@ -68,7 +69,7 @@ class ModelRunner:
         self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
         self.prefill_path = prefill_path  # HybridModel.forward's kernels
         self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
-        self.decode_model = DecodeModel(model, gemm=decode_gemm) if decode_path == "triton" else None
+        self.decode_model = DecodeModel(model, gemm=decode_gemm, gdn=decode_gdn) if decode_path == "triton" else None
         self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0

@@ -26,11 +26,12 @@ __all__ = ["KVStorage", "StateStorage"]
 class StateStorage:
     """``conv[S, L, C, W-1]``, ``rec[S, L, Hv, K, V]``, ``pending[S, L, 63, width]`` in float32.
 
-    With ``running=True`` (the Triton decode path) also ``run[S, L, Hv, K, V]`` and ``run_rows[S, L]``:
-    a memo the decode kernel keeps of the state after the slot's pending rows (``rows + 1`` when its
-    step left it there, -1 otherwise), so the next step need not replay them. It is derived, never part
-    of a state's bytes: every write here other than a decode step's sets ``run_rows`` to -1, and a
-    stale memo costs a replay (``pending_replay_decode_triton``), never a wrong state.
+    With ``running=True`` (the Triton decode path) also ``run[S, L, Hv, K, V]`` and ``run_rows[S, L, 2]``:
+    a memo the decode kernel keeps of the state after the slot's pending rows (their count when its
+    step left it there, kept by the count's parity; -1 otherwise), so the next step need not replay
+    them. It is derived, never part of a state's bytes: every write here other than a decode step's
+    sets ``run_rows`` to -1, and a stale memo costs a replay (``pending_replay_decode_triton``), never
+    a wrong state.
     """
 
     def __init__(self, config: ModelConfig, n_slots: int, device: Device, *, running: bool = False) -> None:
@@ -42,7 +43,7 @@ class StateStorage:
         self.pending = device.zeros(*shape, SNAPSHOT_ALIGN - 1, pending_width(config))
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
         self.run = device.zeros(*shape, *heads) if running else None
-        self.run_rows = device.zeros(*shape, dtype=torch.int32).fill_(-1) if running else None
+        self.run_rows = device.zeros(*shape, 2, dtype=torch.int32).fill_(-1) if running else None
         self.hashed_bytes = 0  # what ``checksums`` has read: the slot ledger's device work
 
     def forget_running(self, slot: int) -> None:

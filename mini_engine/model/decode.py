@@ -20,6 +20,8 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
   (``Pools.run``) a step that follows a step on the same slot starts from the state the last one
   left there: one row instead of up to 64, the same bits. (The recurrent rule, not the chunked
   one: the same value to rounding, at one program per sequence and head whatever the chunk's fill.)
+  ``DecodeModel(gdn="fused")`` runs the conv, the replay and the output norm as one launch per layer
+  (``decode_rows.gdn_step``: whole-head state tiles) instead of three.
 - attention: the new K/V written into the pages of the *resident* page table the caller passes
   (what the device holds, stale or not) by the launch that norms and rotates them (``qk_norm_rope``),
   then paged decode attention over those pages, its output gate applied as it stores.
@@ -37,12 +39,13 @@ from typing import NamedTuple
 
 import torch
 
-from mini_engine.constants import DECODE_GEMMS
+from mini_engine.constants import DECODE_GEMMS, GDN_STEPS
 from mini_engine.device import upload
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
 from mini_engine.ops.decode_rows import gemm as gemm_ops
 from mini_engine.ops.decode_rows import triton as row_ops
+from mini_engine.ops.decode_rows.gdn_step import gdn_step
 from mini_engine.ops.decode_rows.prologue import decode_prologue
 
 __all__ = ["DecodeGraphs", "DecodeModel", "Pools", "decode_step", "step_inputs"]
@@ -59,7 +62,7 @@ class Pools(NamedTuple):
     keys: torch.Tensor  # [pages, L_full, page_size, Hkv, D]
     values: torch.Tensor
     run: torch.Tensor | None = None  # [slots, L_linear, Hv, K, V]: the running copy (StateStorage(running=True))
-    run_rows: torch.Tensor | None = None  # [slots, L_linear] int32: the pending rows it follows, -1: none
+    run_rows: torch.Tensor | None = None  # [slots, L_linear, 2] int32: the rows it follows, by parity; -1: none
 
 
 class _Step(NamedTuple):
@@ -100,10 +103,13 @@ class DecodeModel:
     weights are the model's ``FusedProjection``s as they are at construction (copies of the parts, in the
     model's weight dtype and on its device, shared with the Triton prefill)."""
 
-    def __init__(self, model, *, gemm: str = "cublas") -> None:
+    def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split") -> None:
         if gemm not in DECODE_GEMMS:
             raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
+        if gdn not in GDN_STEPS:
+            raise ValueError(f"gdn must be one of {GDN_STEPS}; got {gdn!r}")
         self.model = model
+        self.gdn = gdn  # a GDN layer between its projections: three launches ("split") or one (``gdn_step``)
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
         self._gemms: dict[int, gemm_ops.GemmConfig] = {}  # id(weight) -> its Triton gemm; absent: inv.linear
@@ -255,6 +261,15 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
     conv_dim = 2 * gdn.key_dim + gdn.value_dim
     z, b, a = proj[:, conv_dim:].split([gdn.value_dim, gdn.hv, gdn.hv], dim=-1)
     pending = pools.pending[:, layer]
+    running = {} if pools.run is None else {"run_pool": pools.run[:, layer], "run_rows": pools.run_rows[:, layer]}
+    if dm.gdn == "fused":  # the three launches below as one (``gdn_step``)
+        gated = gdn_step(x=proj[:n, :conv_dim], conv_weight=gdn.conv1d.weight[:, 0], conv_pool=pools.conv[:, layer],
+                         slots=step.slots, a=a, b=b, A_log=gdn.A_log, dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv),
+                         head_dims=(gdn.dk, gdn.dv), pending_pool=pending, pending_slots=step.pending_slots,
+                         pending_rows=step.pending_rows, rec_pool=pools.rec[:, layer], rows=step.rows, z=z,
+                         norm_weight=gdn.norm.weight, eps=gdn.norm.eps, out_rows=h.shape[0],
+                         out_dtype=gdn.out_proj.weight.dtype, **running)
+        return dm.linear(gated, gdn.out_proj.weight, n)
     # the conv on the slots' conv rows in place, and the prepared row; the new row also joins its slot's pending
     # rows (a row that completes its chunk goes to the sink's row 62)
     row = row_ops.conv_gdn_rows(x=proj[:n, :conv_dim], conv_weight=gdn.conv1d.weight[:, 0],
@@ -262,7 +277,6 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
                                 dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv), head_dims=(gdn.dk, gdn.dv),
                                 pending_pool=pending, pending_slots=step.pending_slots, pending_rows=step.pending_rows)
     # (the kernel reads the slot's rows before the new one: the row just stored is past them)
-    running = {} if pools.run is None else {"run_pool": pools.run[:, layer], "run_rows": pools.run_rows[:, layer]}
     core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
                                         slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv), **running)
     gated = row_ops.gated_rms_norm(core=core, z=z, weight=gdn.norm.weight, eps=gdn.norm.eps, rows=h.shape[0],

@@ -65,6 +65,13 @@ def test_triton_decode_writes_decode_crossed_snapshots(runs):
     assert any(r["type"] == "restore" and r.get("position") == 64 for r in rows)
 
 
+@pytest.mark.parametrize(("name", "allowed"), [("decode_gemm", "'cublas', 'triton', 'auto'"),
+                                               ("decode_gdn", "'split', 'fused'")])
+def test_config_names_the_decode_variants(name, allowed):
+    with pytest.raises(ValueError, match=f"EngineConfig.{name}='fast'; allowed: \\({allowed}\\)"):
+        EngineConfig(**{name: "fast"})
+
+
 @pytest.mark.parametrize("name", ["decode_kernels", "prefill_kernels"])
 def test_config_names_the_kernels(monkeypatch, name):
     with pytest.raises(ValueError, match=f"{name}='fast'"):

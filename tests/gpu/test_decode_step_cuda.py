@@ -76,3 +76,16 @@ def test_the_triton_gemm_matches_cublas_and_keeps_a_rows_bits():
         assert torch.equal(got[6][0], got[4][spec.ALONE]), mode
     weight = model.model.layers[0].mlp.down_proj.weight
     assert gemm.choose(weight) in (None, *gemm.configs(*weight.shape))
+
+
+def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
+    """Each GDN layer's conv, replay and norm in one launch (whole-head tiles): the split steps' logits and pools to
+    rounding over four steps (chunk completions, running copies), and the one-launch kernel against its chain."""
+    import torch
+
+    from tests.unit.gdn_step_support import check_gdn_step, check_memo_per_step
+
+    spec.check_gdn_step_variants(build_builtin("tiny-random").cuda(), CudaDevice(), exact=False, steps=4)
+    for heads, dims in (((2, 4), (16, 32)), ((16, 16), (128, 128))):  # the tiny model's GQA, Qwen3.5-0.8B's heads
+        check_gdn_step(heads=heads, head_dims=dims, dtype=torch.bfloat16, device="cuda", exact=False)
+    check_memo_per_step(device="cuda")

@@ -6,7 +6,8 @@ kernels and the compiler's cannot share one):
 
 - ``record FILE`` (TRITON_INTERPRET=1): runs the paths on a two-layer model of the 0.8B shape (its head
   sizes decide the kernels' block sizes), in float32 and with bfloat16 projections: the Triton forward,
-  decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration), the
+  decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration, the GDN layer
+  in three launches and in one), the
   gated delta rule's walk in every configuration a GPU may pick (float32 and bf16 inputs), the conv,
   KV, checksum and slot-copy kernels. Launches are recorded,
   not run (their outputs are never read), and written with their argument types, constexpr values and
@@ -110,6 +111,7 @@ def _exercise() -> None:
             table = torch.arange(1, 1 + 2 * pages, dtype=torch.int32).reshape(2, pages)
             for name in ("cublas", "triton"):
                 decode_step(DecodeModel(model, gemm=name), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
+            decode_step(DecodeModel(model, gdn="fused"), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
         if dtype == torch.bfloat16:
             weight = model.model.layers[0].mlp.down_proj.weight
             x = torch.zeros(64, weight.shape[1], dtype=dtype)

@@ -10,6 +10,7 @@ import torch
 
 from mini_engine.device.sim import SimDevice
 from mini_engine.engine.storage import KVStorage, StateStorage
+from mini_engine.constants import GDN_STEPS
 from mini_engine.model.decode import SINK, DecodeModel, Pools, decode_step
 
 PAGE = 4
@@ -125,16 +126,49 @@ def check_running_copy(model, device, steps: int = 2) -> None:
     for slot, length in zip(SLOTS, LENGTHS):
         end = length + steps  # the memo follows the rows since the boundary unless the last step completed it
         expect = -1 if end % 64 == 0 else end % 64
-        assert (states.run_rows[slot] == expect).all(), (slot, states.run_rows[slot].tolist(), expect)
+        # (the entry of the parity the next step reads)
+        assert (states.run_rows[slot, :, end % 2] == expect).all(), (slot, states.run_rows[slot].tolist(), expect)
     live = SLOTS[0]
     states.copy_slot(SLOTS[1], live, LENGTHS[0] + steps)
-    assert (states.run_rows[SLOTS[1]] == -1).all() and (states.run_rows[live] > 0).all()
+    assert (states.run_rows[SLOTS[1]] == -1).all() and (states.run_rows[live, :, (LENGTHS[0] + steps) % 2] > 0).all()
     states.clear_slot(live)
     assert (states.run_rows[live] == -1).all()
 
 
 def test_the_running_copy_gives_the_replays_bits(tiny_model):
     check_running_copy(tiny_model, SimDevice())
+
+
+def check_gdn_step_variants(model, device, *, exact: bool, steps: int = 2) -> None:
+    """``steps`` decode steps with each GDN layer's conv, replay and norm in one launch (``DecodeModel(gdn="fused")``)
+    against the three launches: the logits and every pool (running copies and their counts too) bit for bit
+    (``exact``) or to rounding (a GPU), through chunk completions and running copies."""
+    runs = []
+    for gdn in GDN_STEPS:
+        states = StateStorage(model.config, 8, device, running=True)
+        kv = KVStorage(model.config, 512, PAGE, device)
+        tables = [[1 + b + 6 * i for i in range(-(-(length + steps) // PAGE))] for b, length in enumerate(LENGTHS)]
+        _prefill(model, states, kv, tables, torch.Generator().manual_seed(5))
+        width = max(map(len, tables))
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
+                             device=states.conv.device)
+        pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
+        decoder, gen = DecodeModel(model, gdn=gdn), torch.Generator().manual_seed(9)
+        logits = [decode_step(decoder, pools, torch.randint(0, model.config.vocab_size, (len(SLOTS),),
+                                                            generator=gen).to(table.device),
+                              list(SLOTS), [length + step for length in LENGTHS], table) for step in range(steps)]
+        runs.append((logits, pools))
+    (want, want_pools), (got, got_pools) = runs
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-3, atol=1e-4), f"step {step}"
+    for name, a, b in zip(Pools._fields, got_pools, want_pools):
+        same = torch.equal(a[1:], b[1:]) if exact or not a.is_floating_point() else \
+            torch.allclose(a[1:], b[1:], rtol=1e-4, atol=1e-5)
+        assert same, name  # slot/page 0 is the sink
+
+
+def test_the_one_launch_gdn_step_gives_the_split_steps_bits(tiny_model):
+    check_gdn_step_variants(tiny_model, SimDevice(), exact=True)
 
 
 def test_bad_slots_are_refused(tiny_model):

@@ -179,9 +179,14 @@ def _gated_rms_norm_kernel(core, z, z_stride, weight, out, out_stride, batch, HV
     c = tl.load(core + (r * HV + h) * DV + cols, mask=live, other=0.0).to(tl.float32)
     gate = tl.load(z + r * z_stride + h * DV + cols, mask=live, other=0.0).to(tl.float32)
     w = tl.load(weight + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out + r * out_stride + h * DV + cols, _gated_norm(c, gate, w, eps, DV).to(out.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _gated_norm(c, gate, w, eps, DV: tl.constexpr):
+    """A value head's ``w * rmsnorm(c) * silu(gate)`` over its DV channels (lanes past DV hold zeros)."""
     normed = c * tl.rsqrt(tl.sum(c * c, axis=0) / DV + eps)
-    value = w * normed * (gate * _sigmoid(gate))
-    tl.store(out + r * out_stride + h * DV + cols, value.to(out.dtype.element_ty), mask=ok)
+    return w * normed * (gate * _sigmoid(gate))
 
 
 @triton.jit
@@ -309,6 +314,22 @@ def gdn_rows(*, conv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: tor
     return out
 
 
+def check_decode_conv(x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torch.Tensor, slots: torch.Tensor,
+                      channels: int) -> int:
+    """A decode step's conv inputs (``conv_gdn_rows``'), checked; returns the conv's width W."""
+    _rows_of(x, "x", channels)
+    window = conv_weight.shape[1]
+    if conv_weight.shape[0] != channels or window < 2 or conv_weight.stride(1) != 1:
+        raise ValueError(f"conv_weight must be [{channels}, W >= 2] with contiguous taps; got "
+                         f"{tuple(conv_weight.shape)}, strides {conv_weight.stride()}")
+    if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != (channels, window - 1) or conv_pool.stride(2) != 1:
+        raise ValueError(f"conv_pool must be [slots, {channels}, {window - 1}] with contiguous columns; got "
+                         f"{tuple(conv_pool.shape)}, strides {conv_pool.stride()}")
+    if tuple(slots.shape) != (x.shape[0],):
+        raise ValueError(f"slots must be [{x.shape[0]}]; got {tuple(slots.shape)}")
+    return window
+
+
 def conv_gdn_rows(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torch.Tensor, slots: torch.Tensor,
                   a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, heads: tuple[int, int],
                   head_dims: tuple[int, int], pending_pool: torch.Tensor | None = None,
@@ -320,17 +341,8 @@ def conv_gdn_rows(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torc
     with unit column stride; ``slots`` [B] distinct."""
     (hk, hv), (dk, dv) = heads, head_dims
     key_dim, value_dim = hk * dk, hv * dv
-    channels, window = conv_weight.shape
     batch = x.shape[0]
-    _rows_of(x, "x", 2 * key_dim + value_dim)
-    if channels != 2 * key_dim + value_dim or window < 2 or conv_weight.stride(1) != 1:
-        raise ValueError(f"conv_weight must be [{2 * key_dim + value_dim}, W >= 2] with contiguous taps; got "
-                         f"{tuple(conv_weight.shape)}, strides {conv_weight.stride()}")
-    if conv_pool.dim() != 3 or tuple(conv_pool.shape[1:]) != (channels, window - 1) or conv_pool.stride(2) != 1:
-        raise ValueError(f"conv_pool must be [slots, {channels}, {window - 1}] with contiguous columns; got "
-                         f"{tuple(conv_pool.shape)}, strides {conv_pool.stride()}")
-    if tuple(slots.shape) != (batch,):
-        raise ValueError(f"slots must be [{batch}]; got {tuple(slots.shape)}")
+    window = check_decode_conv(x, conv_weight, conv_pool, slots, 2 * key_dim + value_dim)
     out, pending, has_pending = _gdn_rows_setup(x, a, b, batch, heads, head_dims, pending_pool, pending_slots,
                                                 pending_rows)
     if batch:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["HEAD_SIZES", "LaunchConfig", "check_head_sizes", "check_pool", "v_tiles"]
+__all__ = ["HEAD_SIZES", "LaunchConfig", "check_head_sizes", "check_pool", "check_running", "v_tiles"]
 
 HEAD_SIZES = (16, 32, 64, 128)  # powers of two for tl.arange, >= 16 for tl.dot; 256 would overflow shared memory
 
@@ -48,6 +48,22 @@ def check_pool(state_pool, state_indices, n_seq: int, state_shape: tuple) -> Non
     if state_indices is None or tuple(state_indices.shape) != (n_seq,):
         shape = None if state_indices is None else tuple(state_indices.shape)
         raise ValueError(f"state_indices must be [{n_seq}] (one pool row per sequence); got {shape}")
+
+
+def check_running(rec_pool, run_pool, run_rows) -> bool:
+    """Whether a decode step keeps a running copy of the state: ``run_pool`` laid out exactly as ``rec_pool`` (a kernel
+    reads both at one slot offset) with ``run_rows`` [slots, 2] int32 beside it (its row count, by parity), or
+    neither."""
+    if (run_pool is None) != (run_rows is None):
+        raise ValueError("run_pool and run_rows go together: pass both or neither")
+    if run_pool is not None and (run_pool.shape != rec_pool.shape or run_pool.stride() != rec_pool.stride()
+                                 or tuple(run_rows.shape) != (rec_pool.shape[0], 2) or run_rows.stride(1) != 1
+                                 or run_rows.dtype != torch.int32):
+        raise ValueError(f"run_pool must be laid out as rec_pool {tuple(rec_pool.shape)} (strides {rec_pool.stride()}) "
+                         f"and run_rows int32 [{rec_pool.shape[0]}, 2] with contiguous pairs; got "
+                         f"{tuple(run_pool.shape)}, strides {run_pool.stride()}, {run_rows.dtype} "
+                         f"{tuple(run_rows.shape)}, strides {run_rows.stride()}")
+    return run_pool is not None
 
 
 def v_tiles(config: LaunchConfig, v_dim: int) -> int:

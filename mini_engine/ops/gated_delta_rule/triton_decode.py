@@ -20,10 +20,10 @@ import triton
 import triton.language as tl
 
 from mini_engine.device import upload
-from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, v_tiles
+from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, check_running, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK
 
-__all__ = ["fused_recurrent_gated_delta_rule_triton", "pending_replay_decode_triton"]
+__all__ = ["check_replay", "fused_recurrent_gated_delta_rule_triton", "pending_replay_decode_triton"]
 
 
 @triton.jit
@@ -59,41 +59,63 @@ def _delta_step(state, row, hk, h, kk, cols, KEY_DIM, VALUE_DIM, HV, K: tl.const
 
 
 @triton.jit
-def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, run, run_slot_stride,
-                           run_rows, run_rows_stride, slots, rows, out, scale, HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
-                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_RUN: tl.constexpr):
-    vt, b, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
-    hk = h // (HV // HK)
+def _follows_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN: tl.constexpr):
+    """Whether the slot's running copy holds the state after its ``n_pending`` rows (the last step left it there).
+
+    The count is kept twice, by the parity of the rows it counts: a step reads the entry of its own count's parity
+    and writes the other one, so no program of a step reads an entry a sibling program of the same step (another
+    head or V tile of the slot) has already moved on."""
+    if HAS_RUN:
+        return tl.load(run_rows + slot * run_rows_stride + n_pending % 2) == n_pending
+    return n_pending < 0  # (never)
+
+
+@triton.jit
+def _replay_head(new_row, pending_rows, rec, run, slot_offset, n_pending, running, h, hk, cols, KEY_DIM, VALUE_DIM,
+                 HV, ROW_WIDTH, scale, K: tl.constexpr, V: tl.constexpr, HAS_RUN: tl.constexpr):
+    """Value head h, state columns ``cols``: the slot's ``n_pending`` rows (at ``pending_rows``) and the new one
+    replayed from the boundary state, or the new one alone after the running copy; the state written back where the
+    slot keeps it (``rec`` when the token completes its chunk, else the running copy). Returns the output [cols]."""
     kk = tl.arange(0, K)
-    cols = vt * BV + tl.arange(0, BV)
-    slot = tl.load(slots + b).to(tl.int64)
-    n_pending = tl.load(rows + b)
-    offsets = h * (K * V) + kk[:, None] * V + cols[None, :]
-    tile = rec + slot * rec_slot_stride + offsets
-    if HAS_RUN:  # the state after the slot's pending rows, if the last step on this slot left it there
-        run_tile = run + slot * run_slot_stride + offsets
-        running = tl.load(run_rows + slot * run_rows_stride) == n_pending
-        first = tl.where(running, n_pending, 0)
-        state = tl.load(tl.where(running, run_tile, tile)).to(tl.float32)
-    else:
-        first = n_pending * 0
-        state = tl.load(tile).to(tl.float32)
-    base = pending + slot * pending_slot_stride
-    row = new_rows + b * ROW_WIDTH
+    # head bases, not [K, cols] pointer tiles: a tile of 64-bit pointers live across the loop costs two registers
+    # an element, more than the state itself
+    rec_head, run_head = rec + slot_offset + h * (K * V), run + slot_offset + h * (K * V)
+    first = tl.where(running, n_pending, 0)
+    state = tl.load(tl.where(running, run_head, rec_head) + kk[:, None] * V + cols[None, :]).to(tl.float32)
     # one loop body for every row, the new one included: a state from the running copy and one replayed
     # from the boundary went through the same instructions, so they are the same bits
     for j in range(first, n_pending + 1):
-        state = _delta_step(state, tl.where(j < n_pending, base + j * ROW_WIDTH, row), hk, h, kk, cols,
+        state = _delta_step(state, tl.where(j < n_pending, pending_rows + j * ROW_WIDTH, new_row), hk, h, kk, cols,
                             KEY_DIM, VALUE_DIM, HV, K, V)
-    q_t = tl.load(row + hk * K + kk).to(tl.float32) * scale
-    tl.store(out + (b * HV + h) * V + cols, tl.sum(state * q_t[:, None], axis=0).to(out.dtype.element_ty))
     if n_pending == 63:  # the token completes its chunk: the slot now keeps the state at the boundary
-        tl.store(tile, state.to(rec.dtype.element_ty))
-        if HAS_RUN:
-            tl.store(run_rows + slot * run_rows_stride, -1)
+        tl.store(rec_head + kk[:, None] * V + cols[None, :], state.to(rec.dtype.element_ty))
     elif HAS_RUN:
-        tl.store(run_tile, state.to(run.dtype.element_ty))
-        tl.store(run_rows + slot * run_rows_stride, n_pending + 1)
+        tl.store(run_head + kk[:, None] * V + cols[None, :], state.to(run.dtype.element_ty))
+    q_t = tl.load(new_row + hk * K + kk).to(tl.float32) * scale
+    return tl.sum(state * q_t[:, None], axis=0)
+
+
+@triton.jit
+def _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN: tl.constexpr):
+    """The running copy's row count after the step: -1 when the chunk completed (the state went to ``rec``)."""
+    if HAS_RUN:
+        tl.store(run_rows + slot * run_rows_stride + (n_pending + 1) % 2, tl.where(n_pending == 63, -1, n_pending + 1))
+
+
+@triton.jit
+def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, run, run_rows,
+                           run_rows_stride, slots, rows, out, scale, HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
+                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_RUN: tl.constexpr):
+    vt, b, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
+    cols = vt * BV + tl.arange(0, BV)
+    slot = tl.load(slots + b).to(tl.int64)
+    n_pending = tl.load(rows + b)
+    running = _follows_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN)
+    o = _replay_head(new_rows + b * ROW_WIDTH, pending + slot * pending_slot_stride, rec, run, slot * rec_slot_stride,
+                     n_pending, running, h, h // (HV // HK), cols, KEY_DIM, VALUE_DIM, HV, ROW_WIDTH, scale, K, V,
+                     HAS_RUN)
+    tl.store(out + (b * HV + h) * V + cols, o.to(out.dtype.element_ty))
+    _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN)
 
 
 def fused_recurrent_gated_delta_rule_triton(
@@ -128,6 +150,27 @@ def fused_recurrent_gated_delta_rule_triton(
     return out
 
 
+def check_replay(pending_pool, rec_pool, slots, rows, heads: tuple[int, int], n_seq: int, width: int,
+                 dtype: torch.dtype) -> tuple[int, int]:
+    """The chunk-exact slots a decode step replays (``pending_replay_decode_triton``'s pools and indices), checked;
+    returns the head sizes (K, V)."""
+    hk, hv = heads
+    if rec_pool.dim() != 4 or rec_pool.shape[1] != hv:
+        raise ValueError(f"rec_pool must be [slots, Hv={hv}, K, V]; got {tuple(rec_pool.shape)}")
+    k_dim, v_dim = rec_pool.shape[2], rec_pool.shape[3]
+    if width != 2 * hk * k_dim + hv * v_dim + 2 * hv:
+        raise ValueError(f"rows of width {width} do not hold q|k|v|g|beta for Hk={hk}, Hv={hv}, K={k_dim}, V={v_dim}")
+    if pending_pool.dim() != 3 or pending_pool.shape[1] != CHUNK - 1 or pending_pool.shape[2] != width \
+            or pending_pool.stride()[1:] != (width, 1):
+        raise ValueError(f"pending_pool must be [slots, {CHUNK - 1}, {width}] with contiguous rows; got "
+                         f"{tuple(pending_pool.shape)}, strides {pending_pool.stride()}")
+    check_head_sizes(k_dim, v_dim, dtype)
+    check_pool(rec_pool, slots, n_seq, (hv, k_dim, v_dim))
+    if tuple(rows.shape) != (n_seq,):
+        raise ValueError(f"rows must be [{n_seq}]; got {tuple(rows.shape)}")
+    return k_dim, v_dim
+
+
 def pending_replay_decode_triton(
     *, new_rows, pending_pool, rec_pool, slots, rows, heads: tuple[int, int], run_pool=None, run_rows=None,
     scale: float | None = None, config: LaunchConfig | None = None,
@@ -144,44 +187,28 @@ def pending_replay_decode_triton(
     ``rec_pool`` row. The pending rows are only read: appending the new row is the caller's.
     ``heads`` = (Hk, Hv); K = V = the head sizes implied by ``width`` and the pools.
 
-    With ``run_pool`` [slots, Hv, K, V] and ``run_rows`` [slots] int32 (the running copy): a step that
+    With ``run_pool`` [slots, Hv, K, V] and ``run_rows`` [slots, 2] int32 (the running copy): a step that
     does not complete its chunk also leaves the state after its token in the slot's ``run_pool`` row
-    and ``rows[b] + 1`` in ``run_rows``; a step whose ``run_rows`` equals its ``rows[b]`` starts from
-    that state instead of replaying, any other value (-1: whoever last wrote the slot) replays. Both
+    and ``rows[b] + 1`` in ``run_rows[slot, (rows[b] + 1) % 2]``; a step whose ``run_rows[slot, rows[b] % 2]``
+    equals its ``rows[b]`` starts from that state instead of replaying, any other value (-1: whoever last
+    wrote the slot) replays. (Two entries, so that a step never reads the count its own programs write.) Both
     paths give the same bits, so a stale count costs a replay and never a wrong state; a slot written
     by anything else must have its ``run_rows`` set to -1 (``StateStorage`` does).
     """
     hk, hv = heads
     n_seq, width = new_rows.shape
-    if rec_pool.dim() != 4 or rec_pool.shape[1] != hv:
-        raise ValueError(f"rec_pool must be [slots, Hv={hv}, K, V]; got {tuple(rec_pool.shape)}")
-    k_dim, v_dim = rec_pool.shape[2], rec_pool.shape[3]
-    if width != 2 * hk * k_dim + hv * v_dim + 2 * hv:
-        raise ValueError(f"rows of width {width} do not hold q|k|v|g|beta for Hk={hk}, Hv={hv}, K={k_dim}, V={v_dim}")
-    if pending_pool.dim() != 3 or pending_pool.shape[1] != CHUNK - 1 or pending_pool.shape[2] != width \
-            or pending_pool.stride()[1:] != (width, 1) or not new_rows.is_contiguous():
-        raise ValueError(f"pending_pool must be [slots, {CHUNK - 1}, {width}] with contiguous rows and new_rows "
-                         f"contiguous; got {tuple(pending_pool.shape)}, strides {pending_pool.stride()}")
-    check_head_sizes(k_dim, v_dim, new_rows.dtype)
-    check_pool(rec_pool, slots, n_seq, (hv, k_dim, v_dim))
-    if tuple(rows.shape) != (n_seq,):
-        raise ValueError(f"rows must be [{n_seq}]; got {tuple(rows.shape)}")
+    if not new_rows.is_contiguous():
+        raise ValueError(f"new_rows must be contiguous; got strides {new_rows.stride()}")
+    k_dim, v_dim = check_replay(pending_pool, rec_pool, slots, rows, heads, n_seq, width, new_rows.dtype)
     scale = k_dim**-0.5 if scale is None else scale
     config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
-    has_run = run_pool is not None
-    if has_run != (run_rows is not None):
-        raise ValueError("run_pool and run_rows go together: pass both or neither")
-    if has_run and (run_pool.shape != rec_pool.shape or run_pool.stride()[1:] != rec_pool.stride()[1:]
-                    or run_rows.dim() != 1 or run_rows.shape[0] != rec_pool.shape[0] or run_rows.dtype != torch.int32):
-        raise ValueError(f"run_pool must be laid out as rec_pool {tuple(rec_pool.shape)} and run_rows int32 "
-                         f"[{rec_pool.shape[0]}]; got {tuple(run_pool.shape)}, strides {run_pool.stride()}, "
-                         f"{run_rows.dtype} {tuple(run_rows.shape)}")
+    has_run = check_running(rec_pool, run_pool, run_rows)
     out = new_rows.new_empty(n_seq, hv, v_dim)
     if n_seq:
         _pending_replay_kernel[(v_tiles(config, v_dim), n_seq, hv)](
             new_rows, pending_pool, pending_pool.stride(0), rec_pool, rec_pool.stride(0),
-            run_pool if has_run else rec_pool, run_pool.stride(0) if has_run else 0,
-            run_rows if has_run else rows, run_rows.stride(0) if has_run else 0, slots, rows, out, scale,
+            run_pool if has_run else rec_pool, run_rows if has_run else rows, run_rows.stride(0) if has_run else 0,
+            slots, rows, out, scale,
             hk, hv, hk * k_dim, hv * v_dim, width, K=k_dim, V=v_dim, BV=config.block_v, HAS_RUN=has_run,
             num_warps=config.num_warps, num_stages=config.num_stages)
     return out

@@ -1,0 +1,34 @@
+"""A Gated DeltaNet layer's decode step in the interpreter: ``gdn_step`` gives the chain it fuses bit for bit
+(output, conv states, pending rows, boundary states, running copies), and every program of a step reads the
+running copy's count the last step left."""
+
+import pytest
+import torch
+
+from mini_engine.ops.decode_rows.gdn_step import gdn_step
+from tests.unit.gdn_step_support import OUT_ROWS, check_gdn_step, check_memo_per_step, gdn_case, run_fused, step_args
+
+
+@pytest.mark.parametrize(("heads", "head_dims"), [((2, 4), (16, 32)), ((3, 3), (16, 16))], ids=["gqa", "mha"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_gdn_step_is_the_chain_it_fuses(heads, head_dims, dtype):
+    check_gdn_step(heads=heads, head_dims=head_dims, dtype=dtype, device="cpu", exact=True)
+
+
+def test_every_program_of_a_step_reads_the_last_steps_memo():
+    check_memo_per_step(device="cpu")
+
+
+def test_gdn_step_refuses_what_it_cannot_step():
+    """Inputs the kernel would misread are errors that name what to pass."""
+    case = gdn_case(heads=(2, 4), head_dims=(16, 32), device="cpu")
+    args = step_args(case, (0, 10, 63, 30), torch.float32, "cpu", seed=1)
+    with pytest.raises(ValueError, match="out_rows"):
+        gdn_step(**args, conv_weight=case.weights["conv_weight"], A_log=case.weights["A_log"],
+                 dt_bias=case.weights["dt_bias"], heads=case.heads, head_dims=case.head_dims,
+                 norm_weight=case.weights["norm_weight"], eps=1e-6, out_rows=2, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"run_rows int32 \[8, 2\]"):
+        run_fused(case, {**args, "run_rows": args["run_rows"][:, 0]}, torch.float32)
+    with pytest.raises(ValueError, match="go together"):
+        run_fused(case, {**args, "run_rows": None}, torch.float32)
+    assert run_fused(case, {**args, "run_pool": None, "run_rows": None}, torch.float32).shape == (OUT_ROWS, 4 * 32)
