@@ -6,7 +6,8 @@ writes the fp32 state after every 64-token chunk; fla is timed with and without 
 ours alone in float32 (3xTF32 dots: the engine's float32 configuration).
 Decode: ``fused_recurrent_gated_delta_rule_triton`` vs fla's ``fused_recurrent_gated_delta_rule``
 at batch 64, 32 heads, K = V = 128, float32 states (ours in place in shuffled pool slots), with the
-state bandwidth (one read + one write of every state) against the H200's 4.17 TB/s copy bandwidth.
+state bandwidth (one read + one write of every state) against the H200's 4.17 TB/s copy bandwidth; and the
+engine's step on chunk-exact slots (``pending_replay_decode_triton``), from its running copy and replaying.
 Each launch configuration of ours is swept, with per-kernel times from the profiler for the default.
 Median of triton's do_bench (L2 flushed between runs). Usage:
 ``python benchmarks/gdn_kernels.py [--out FILE]``.
@@ -28,7 +29,10 @@ from mini_engine.ops.gated_delta_rule.triton import (
     LaunchConfig,
     chunk_gated_delta_rule_triton,
 )
-from mini_engine.ops.gated_delta_rule.triton_decode import fused_recurrent_gated_delta_rule_triton
+from mini_engine.ops.gated_delta_rule.triton_decode import (
+    fused_recurrent_gated_delta_rule_triton,
+    pending_replay_decode_triton,
+)
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s, H200 device-to-device copy (issue 9)
 FLA_REFERENCE_US = {"prefill": 1410.0, "decode": 261.0}  # issue 9, measured on the H200
@@ -146,6 +150,7 @@ def decode(fla) -> tuple[list[dict], dict]:
     rows += [with_bandwidth(row("gdn decode", f"ours in place, {config_name(c)}", shape, timed_us(ours(c)), "decode"))
              for c in [None, *DECODE_CONFIGS]]
     breakdown = {f"ours, {shape}": kernel_times_us(ours())}
+    rows += engine_decode(x, pool, slots, shape, with_bandwidth)
     if fla is not None:
         steps = {name: t[:, None] for name, t in x.items()}
         states = pool[slots.long()]
@@ -157,6 +162,35 @@ def decode(fla) -> tuple[list[dict], dict]:
                                        "decode")))
         breakdown[f"fla, {shape}"] = kernel_times_us(theirs)
     return rows, breakdown
+
+
+def engine_decode(x: dict, pool: torch.Tensor, slots: torch.Tensor, shape: str, with_bandwidth, pending: int = 31):
+    """The engine's decode kernel on chunk-exact slots (``pending_replay_decode_triton``) at the same shape, the
+    slots ``pending`` rows past their boundary: from the running copy (one row: what a step that follows a step
+    does) and replaying the rows from the boundary state (what a stale count costs: before the count was kept by
+    parity, every program that found a sibling's count replayed). The state traffic counted is the plain step's."""
+    gen = torch.Generator(device=DEVICE).manual_seed(9)
+    new_rows = torch.cat([x["q"].float().flatten(1), x["k"].float().flatten(1), x["v"].float().flatten(1),
+                          x["g"].float(), x["beta"].float()], dim=1).contiguous()
+    rows_pool = torch.randn(pool.shape[0], 63, new_rows.shape[1], device=DEVICE, generator=gen)
+    gates = 2 * HEADS * HEAD_DIM + HEADS * HEAD_DIM
+    rows_pool[..., gates : gates + HEADS] = -0.1 * rows_pool[..., gates : gates + HEADS].abs()  # decays below 1
+    rows_pool[..., gates + HEADS :] = torch.sigmoid(rows_pool[..., gates + HEADS :])
+    rec, run = pool.clone(), pool.clone()
+    run_rows = torch.full((pool.shape[0], 2), -1, dtype=torch.int32, device=DEVICE)
+    counts = torch.full((BATCH,), pending, dtype=torch.long, device=DEVICE)
+
+    def step(memo: bool):
+        run_rows.fill_(-1)
+        if memo:  # the entry a step of ``pending`` rows reads; the step writes the other, so every call reads it
+            run_rows[:, pending % 2] = pending
+        return lambda: pending_replay_decode_triton(new_rows=new_rows, pending_pool=rows_pool, rec_pool=rec,
+                                                    slots=slots, rows=counts, heads=(HEADS, HEADS), run_pool=run,
+                                                    run_rows=run_rows)
+
+    return [with_bandwidth(row("gdn decode", label, shape, timed_us(step(memo)), "decode"))
+            for label, memo in ((f"engine step, running copy ({pending} rows pending)", True),
+                                (f"engine step, replaying {pending} rows", False))]
 
 
 def print_table(rows: list[dict], breakdown: dict) -> None:

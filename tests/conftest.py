@@ -1,5 +1,6 @@
 """Shared fixtures. ``fla`` is blocked before anything imports ``transformers`` (its GPU kernels break CPU)."""
 
+import dataclasses
 import os
 import sys
 
@@ -14,7 +15,9 @@ if not torch.cuda.is_available():  # Triton kernels run in the interpreter: set 
 from hypothesis import settings  # noqa: E402
 
 from mini_engine.generate import stream_greedy  # noqa: E402
-from mini_engine.model import ByteTokenizer, build_builtin  # noqa: E402
+from mini_engine.model import ByteTokenizer, HybridModel, build_builtin  # noqa: E402
+from mini_engine.model.builtin import builtin_config, init_weights  # noqa: E402
+from mini_engine.model.config import FULL, LINEAR  # noqa: E402
 
 # CI explores a fixed set of examples so a landing never depends on luck; local runs keep exploring.
 settings.register_profile("ci", derandomize=True, deadline=None)
@@ -30,6 +33,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(scope="session")
 def tiny_model():
     return build_builtin("tiny-random")
+
+
+@pytest.fixture(scope="session")
+def two_layer_model():
+    """tiny-random cut to one layer of each kind: the interpreter costs ~0.5 s per Triton layer and forward."""
+    config = dataclasses.replace(builtin_config("tiny-random"), layer_types=(LINEAR, FULL))
+    return init_weights(HybridModel(config))
 
 
 @pytest.fixture(scope="session")

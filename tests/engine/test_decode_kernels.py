@@ -2,15 +2,11 @@
 interpreter here) or ``prefill_kernels="triton"`` (HybridModel.forward's sequence ops and projections through them) against
 the references: same greedy tokens, cold and on hits, and the safeguards' ledger still sees every write."""
 
-import dataclasses
 import random
 
 import pytest
 
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
-from mini_engine.model import HybridModel
-from mini_engine.model.builtin import builtin_config, init_weights
-from mini_engine.model.config import FULL, LINEAR
 
 
 def _conversation(config: EngineConfig, model, rows=None) -> list[list[int]]:
@@ -26,12 +22,6 @@ def _conversation(config: EngineConfig, model, rows=None) -> list[list[int]]:
             engine.submit(follow[:70], SamplingParams(max_tokens=4, temperature=0.8, seed=4))]
     engine.run()
     return [list(reply)] + [list(engine.result(r).output_ids) for r in rids]
-
-
-@pytest.fixture(scope="module")
-def two_layer_model():
-    """tiny-random cut to one layer of each kind: the interpreter costs ~0.5 s per Triton layer and forward."""
-    return init_weights(HybridModel(dataclasses.replace(builtin_config("tiny-random"), layer_types=(LINEAR, FULL))))
 
 
 @pytest.fixture(scope="module")

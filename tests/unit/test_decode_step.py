@@ -167,8 +167,8 @@ def check_gdn_step_variants(model, device, *, exact: bool, steps: int = 2) -> No
         assert same, name  # slot/page 0 is the sink
 
 
-def test_the_one_launch_gdn_step_gives_the_split_steps_bits(tiny_model):
-    check_gdn_step_variants(tiny_model, SimDevice(), exact=True)
+def test_the_one_launch_gdn_step_gives_the_split_steps_bits(two_layer_model):
+    check_gdn_step_variants(two_layer_model, SimDevice(), exact=True)
 
 
 def test_bad_slots_are_refused(tiny_model):

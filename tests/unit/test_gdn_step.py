@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from mini_engine.ops.decode_rows.gdn_step import gdn_step
-from tests.unit.gdn_step_support import OUT_ROWS, check_gdn_step, check_memo_per_step, gdn_case, run_fused, step_args
+from tests.unit.gdn_step_support import (
+    OUT_ROWS,
+    check_gdn_step,
+    check_memo_per_step,
+    gdn_case,
+    run_fused,
+    step_args,
+)
 
 
 @pytest.mark.parametrize(("heads", "head_dims"), [((2, 4), (16, 32)), ((3, 3), (16, 16))], ids=["gqa", "mha"])

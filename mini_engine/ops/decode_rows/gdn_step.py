@@ -37,7 +37,12 @@ from mini_engine.ops.decode_rows.triton import (
     check_decode_conv,
 )
 from mini_engine.ops.gated_delta_rule.launch import check_running
-from mini_engine.ops.gated_delta_rule.triton_decode import _follows_run, _mark_run, _replay_head, check_replay
+from mini_engine.ops.gated_delta_rule.triton_decode import (
+    _follows_run,
+    _mark_run,
+    _replay_head,
+    check_replay,
+)
 
 __all__ = ["gdn_step"]
 
