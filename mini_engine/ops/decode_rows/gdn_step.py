@@ -11,7 +11,7 @@ the prepared row (a scratch row, and the slot's pending row), and then, per valu
 [K, V] state tile and norms the head's output where it holds it::
 
     program (row r, key head j):   conv q_j, k_j, v_h (h of j) -> prepared row -> per h: replay -> norm -> out[r]
-    rows past the batch:           out[r] = 0
+                                   and out[r + batch], out[r + 2 batch], ... (rows past the batch) = 0
 
 The helpers are the chain's (the conv's taps, the row's norms and gates, the replay's loop body, the norm), so
 in the interpreter the bits are the chain's. On a GPU a whole-head tile reduces over other trees than the
@@ -59,44 +59,45 @@ def _conv_heads(x_row, w, w_stride, state_row, state_stride, channels, CONV_W: t
     return out
 
 
-@triton.jit(do_not_specialize=["batch"])  # one compile for every batch size
+@triton.jit(do_not_specialize=["batch", "out_rows"])  # one compile for every batch size
 def _gdn_step_kernel(x, x_stride, w, w_stride, conv_pool, conv_slot_stride, conv_state_stride, slots, a, b, ab_stride,
                      A_log, dt_bias, scratch, pending, pending_slot_stride, pending_slots, pending_rows, rec,
                      rec_slot_stride, run, run_rows, run_rows_stride, rows, z, z_stride, norm_weight, eps, out,
-                     out_stride, batch, scale, HV, KEY_DIM, VALUE_DIM, WIDTH, threshold, CONV_W: tl.constexpr,
-                     BLOCK_W: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, RATIO: tl.constexpr,
-                     HAS_RUN: tl.constexpr):
+                     out_stride, batch, out_rows, scale, HV, KEY_DIM, VALUE_DIM, WIDTH, threshold,
+                     CONV_W: tl.constexpr, BLOCK_W: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                     RATIO: tl.constexpr, HAS_RUN: tl.constexpr):
     r, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
     vv = tl.arange(0, DV)
-    if r < batch:
-        x_row = x + r * x_stride
-        slot = tl.load(slots + r).to(tl.int64)
-        conv_row = conv_pool + slot * conv_slot_stride
-        dst, kept = _row_targets(scratch, pending, pending_slot_stride, pending_slots, pending_rows, r, WIDTH, True)
-        cq = j * DK + tl.arange(0, DK)
-        q = _conv_heads(x_row, w, w_stride, conv_row, conv_state_stride, cq, CONV_W, BLOCK_W)
-        k = _conv_heads(x_row, w, w_stride, conv_row, conv_state_stride, KEY_DIM + cq, CONV_W, BLOCK_W)
-        _key_head_row(q, k, j, dst, kept, KEY_DIM, DK, True)
+    x_row = x + r * x_stride
+    slot = tl.load(slots + r).to(tl.int64)
+    conv_row = conv_pool + slot * conv_slot_stride
+    dst, kept = _row_targets(scratch, pending, pending_slot_stride, pending_slots, pending_rows, r, WIDTH, True)
+    cq = j * DK + tl.arange(0, DK)
+    q = _conv_heads(x_row, w, w_stride, conv_row, conv_state_stride, cq, CONV_W, BLOCK_W)
+    k = _conv_heads(x_row, w, w_stride, conv_row, conv_state_stride, KEY_DIM + cq, CONV_W, BLOCK_W)
+    _key_head_row(q, k, j, dst, kept, KEY_DIM, DK, True)
+    for i in tl.static_range(RATIO):
+        h = j * RATIO + i
+        v = _conv_heads(x_row, w, w_stride, conv_row, conv_state_stride, 2 * KEY_DIM + h * DV + vv, CONV_W,
+                        BLOCK_W)
+        _value_head_row(v, h, r, a, b, ab_stride, A_log, dt_bias, dst, kept, KEY_DIM, VALUE_DIM, HV, threshold,
+                        DV, True)
+    tl.debug_barrier()  # the prepared row is in memory before the replay reads it back
+    n_pending = tl.load(rows + r)
+    running = _follows_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN)
+    for i in tl.static_range(RATIO):
+        h = j * RATIO + i
+        o = _replay_head(dst, pending + slot * pending_slot_stride, rec, run, slot * rec_slot_stride, n_pending,
+                         running, h, j, vv, KEY_DIM, VALUE_DIM, HV, WIDTH, scale, DK, DV, HAS_RUN)
+        gate = tl.load(z + r * z_stride + h * DV + vv).to(tl.float32)
+        value = _gated_norm(o, gate, tl.load(norm_weight + vv).to(tl.float32), eps, DV)
+        tl.store(out + r * out_stride + h * DV + vv, value.to(out.dtype.element_ty))
+    _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN)
+    # the padding rows of the output projection's input, zeroed by the live rows' programs (rows r + batch,
+    # r + 2 batch, ...): a program per padding row would hold this kernel's registers to store zeros
+    for pad in range(r + batch, out_rows, batch):
         for i in tl.static_range(RATIO):
-            h = j * RATIO + i
-            v = _conv_heads(x_row, w, w_stride, conv_row, conv_state_stride, 2 * KEY_DIM + h * DV + vv, CONV_W,
-                            BLOCK_W)
-            _value_head_row(v, h, r, a, b, ab_stride, A_log, dt_bias, dst, kept, KEY_DIM, VALUE_DIM, HV, threshold,
-                            DV, True)
-        tl.debug_barrier()  # the prepared row is in memory before the replay reads it back
-        n_pending = tl.load(rows + r)
-        running = _follows_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN)
-        for i in tl.static_range(RATIO):
-            h = j * RATIO + i
-            o = _replay_head(dst, pending + slot * pending_slot_stride, rec, run, slot * rec_slot_stride, n_pending,
-                             running, h, j, vv, KEY_DIM, VALUE_DIM, HV, WIDTH, scale, DK, DV, HAS_RUN)
-            gate = tl.load(z + r * z_stride + h * DV + vv).to(tl.float32)
-            value = _gated_norm(o, gate, tl.load(norm_weight + vv).to(tl.float32), eps, DV)
-            tl.store(out + r * out_stride + h * DV + vv, value.to(out.dtype.element_ty))
-        _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN)
-    else:  # a padding row of the output projection's input
-        for i in tl.static_range(RATIO):
-            tl.store(out + r * out_stride + (j * RATIO + i) * DV + vv, tl.zeros([DV], out.dtype.element_ty))
+            tl.store(out + pad * out_stride + (j * RATIO + i) * DV + vv, tl.zeros([DV], out.dtype.element_ty))
 
 
 def gdn_step(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torch.Tensor, slots: torch.Tensor,
@@ -104,13 +105,14 @@ def gdn_step(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torch.Ten
              head_dims: tuple[int, int], pending_pool: torch.Tensor, pending_slots: torch.Tensor,
              pending_rows: torch.Tensor, rec_pool: torch.Tensor, rows: torch.Tensor, z: torch.Tensor,
              norm_weight: torch.Tensor, eps: float, out_rows: int, out_dtype: torch.dtype,
-             run_pool: torch.Tensor | None = None, run_rows: torch.Tensor | None = None, num_warps: int = 8,
-             ) -> torch.Tensor:
+             run_pool: torch.Tensor | None = None, run_rows: torch.Tensor | None = None,
+             out: torch.Tensor | None = None, num_warps: int = 8) -> torch.Tensor:
     """The chain ``conv_gdn_rows`` (x, conv_weight, conv_pool, slots, a, b, A_log, dt_bias, the pending row's
     destination) -> ``pending_replay_decode_triton`` (rec_pool, rows, the running copy) -> ``gated_rms_norm`` (z,
     norm_weight, eps, out_rows, out_dtype) in one launch, with each step's arguments and contract: the slots'
     conv states, pending rows, boundary states and running copies advance as the chain advances them. Returns the
-    normed output [out_rows, Hv * V] in ``out_dtype``, rows past the batch zero."""
+    normed output [out_rows, Hv * V] in ``out_dtype``, rows past the batch zero (in ``out`` if given: every element
+    of it is written)."""
     (hk, hv), (dk, dv) = heads, head_dims
     batch = x.shape[0]
     window = check_decode_conv(x, conv_weight, conv_pool, slots, 2 * hk * dk + hv * dv)
@@ -121,13 +123,18 @@ def gdn_step(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torch.Ten
     _rows_of(z, "z", hv * dv)
     if out_rows < batch or z.shape[0] < batch:
         raise ValueError(f"out_rows ({out_rows}) and z's rows ({z.shape[0]}) must cover the batch of {batch}")
-    out = z.new_empty(out_rows, hv * dv, dtype=out_dtype)
-    if out_rows:
-        _gdn_step_kernel[(out_rows, hk)](
-            x, x.stride(0), conv_weight, conv_weight.stride(0), conv_pool, conv_pool.stride(0), conv_pool.stride(1),
-            slots, a, b, a.stride(0), A_log, dt_bias, scratch, *pending, rec_pool, rec_pool.stride(0),
-            run_pool if has_run else rec_pool, run_rows if has_run else rows, run_rows.stride(0) if has_run else 0,
-            rows, z, z.stride(0), norm_weight, eps, out, out.stride(0), batch, dk**-0.5, hv, hk * dk, hv * dv,
-            scratch.shape[1], _SOFTPLUS_THRESHOLD, CONV_W=window, BLOCK_W=triton.next_power_of_2(window - 1), DK=dk,
-            DV=dv, RATIO=hv // hk, HAS_RUN=has_run, num_warps=num_warps)
+    if out is None:
+        out = z.new_empty(out_rows, hv * dv, dtype=out_dtype)
+    elif tuple(out.shape) != (out_rows, hv * dv) or out.dtype != out_dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be {out_dtype} [{out_rows}, {hv * dv}] with contiguous columns; got {out.dtype} "
+                         f"{tuple(out.shape)}, strides {out.stride()}")
+    if not batch:
+        return out.zero_()
+    _gdn_step_kernel[(batch, hk)](
+        x, x.stride(0), conv_weight, conv_weight.stride(0), conv_pool, conv_pool.stride(0), conv_pool.stride(1),
+        slots, a, b, a.stride(0), A_log, dt_bias, scratch, *pending, rec_pool, rec_pool.stride(0),
+        run_pool if has_run else rec_pool, run_rows if has_run else rows, run_rows.stride(0) if has_run else 0,
+        rows, z, z.stride(0), norm_weight, eps, out, out.stride(0), batch, out_rows, dk**-0.5, hv, hk * dk,
+        hv * dv, scratch.shape[1], _SOFTPLUS_THRESHOLD, CONV_W=window, BLOCK_W=triton.next_power_of_2(window - 1),
+        DK=dk, DV=dv, RATIO=hv // hk, HAS_RUN=has_run, num_warps=num_warps)
     return out
