@@ -7,6 +7,7 @@ import random
 import pytest
 
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
+from mini_engine.ops.decode_rows.gdn_step import gdn_step
 
 
 def _conversation(config: EngineConfig, model, rows=None) -> list[list[int]]:
@@ -95,3 +96,23 @@ def test_triton_prefill_gives_the_reference_tokens(two_layer_model):
     assert got == want and got[2] == got[0]
     assert any(r["type"] == "snapshot_write" and r["position"] == 64 for r in rows)
     assert any(r["type"] == "restore" and r.get("position") == 64 for r in rows)
+
+
+def test_the_one_launch_gdn_step_serves_the_split_steps_tokens(two_layer_model, monkeypatch):
+    """``EngineConfig.decode_gdn="fused"`` reaches the decode step (its kernel runs): cold runs and hits give the
+    split steps' tokens, and every slot the ledger checksummed holds the same bytes (the interpreter gives the two
+    the same bits)."""
+    from mini_engine.model import decode
+
+    launched = []
+    monkeypatch.setattr(decode, "gdn_step", lambda **kw: launched.append(1) or gdn_step(**kw))
+    runs = []
+    for gdn in ("split", "fused"):
+        rows = []
+        tokens = _conversation(EngineConfig(max_context=512, decode_kernels="triton", decode_gdn=gdn),
+                               two_layer_model, rows)
+        assert bool(launched) == (gdn == "fused"), gdn
+        runs.append((tokens, [(r["slot"], r["position"], r["checksum"]) for r in rows if r["type"] == "slot_write"]))
+    (want, want_writes), (got, got_writes) = runs
+    assert got == want and got[2] == got[0]
+    assert got_writes == want_writes and len(got_writes) >= sum(map(len, got))
