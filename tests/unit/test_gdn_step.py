@@ -36,6 +36,8 @@ def test_gdn_step_refuses_what_it_cannot_step():
                  norm_weight=case.weights["norm_weight"], eps=1e-6, out_rows=2, out_dtype=torch.float32)
     with pytest.raises(ValueError, match=r"run_rows int32 \[8, 2\]"):
         run_fused(case, {**args, "run_rows": args["run_rows"][:, 0]}, torch.float32)
+    with pytest.raises(ValueError, match="Hv must be a multiple of Hk"):
+        run_fused(case._replace(heads=(3, 4)), args, torch.float32)
     with pytest.raises(ValueError, match="go together"):
         run_fused(case, {**args, "run_rows": None}, torch.float32)
     assert run_fused(case, {**args, "run_pool": None, "run_rows": None}, torch.float32).shape == (OUT_ROWS, 4 * 32)

@@ -114,6 +114,9 @@ def gdn_step(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torch.Ten
     normed output [out_rows, Hv * V] in ``out_dtype``, rows past the batch zero (in ``out`` if given: every element
     of it is written)."""
     (hk, hv), (dk, dv) = heads, head_dims
+    if hk < 1 or hv % hk:
+        raise ValueError(f"heads (Hk, Hv) = {heads}: Hv must be a multiple of Hk (a key head serves Hv / Hk value "
+                         "heads)")
     batch = x.shape[0]
     window = check_decode_conv(x, conv_weight, conv_pool, slots, 2 * hk * dk + hv * dv)
     scratch, pending, _ = _gdn_rows_setup(x, a, b, batch, heads, head_dims, pending_pool, pending_slots, pending_rows)
