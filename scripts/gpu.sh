@@ -6,9 +6,9 @@
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
 #   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda, then
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
-#   engine     benchmarks/gpu_engine.py (0.8B-shaped decode vs transformers) and
-#              benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
-#              off, the ledger on; the safeguards' and the ledger's own work priced on the device)
+#   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
+#              off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
+#              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence, float32 and bfloat16)
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
 #              1.6 GB roofline) in bfloat16 against transformers on the same weights, each GDN layer in
 #              three launches and in one (decode_gdn), then a batch-1 profile of a decode step of each
@@ -51,10 +51,11 @@ case "$part" in
         step 400 mechanisms python3 benchmarks/fault_mechanisms.py --device cuda --requests 24 --device-seeds 0 1 2 \
             --out "$out/fault_mechanisms_cuda.json" ;;
     engine)
-        step 300 gpu_engine python3 benchmarks/gpu_engine.py --variants graphs graphs-bf16 --out "$out/gpu_engine.json"
-        step 240 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+        step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
-            --out "$out/engine_throughput_cuda_08b.json" ;;
+            --out "$out/engine_throughput_cuda_08b.json"
+        step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 \
+            --out "$out/hit_divergence_cuda.json" ;;
     decode)
         step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-gdn1 \
             --hf-dtype bfloat16 --vocab 248320 --out "$out/gpu_engine_qwen_vocab.json"
