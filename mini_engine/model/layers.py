@@ -23,10 +23,10 @@ def new_linear(n_in: int, n_out: int) -> nn.Linear:
 
 class FusedProjection:
     """Projections that read the same rows, as one weight: theirs concatenated by output rows (in the order
-    given), so one gemm computes them all. The Triton gemms pick their tiles by the weight's dtype and input
-    width alone and reduce each output over K in one fixed order, so a projection's columns of the fused
-    result are the bits of its own gemm (the reference's ``inv.linear`` makes no such promise: it is not used
-    fused).
+    given), so one gemm computes them all (the Triton prefill's and the decode step's). The Triton prefill gemm
+    picks its tiles by the weight's dtype and input width alone and reduces each output over K in one fixed
+    order, so a projection's columns of the fused result are the bits of its own gemm. (``inv.linear`` makes no
+    such promise, and the reference forward does not fuse.)
 
     The concatenation is a copy, made on first use and again whenever a part's weight changes (a new tensor,
     dtype or device, or an in-place write): never stale. Not an ``nn.Module``: it holds no parameter of its own,

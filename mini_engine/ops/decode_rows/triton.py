@@ -248,12 +248,12 @@ def _sigmoid_mul_kernel(attn, qkv, qkv_stride, out, out_stride, batch, HQ, D: tl
 
 
 @triton.jit
-def _silu_mul_kernel(gate_ptr, gate_stride, up_ptr, up_stride, out, out_stride, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, BLOCK: tl.constexpr):
     r, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
-    gate = tl.load(gate_ptr + r * gate_stride + cols, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(up_ptr + r * up_stride + cols, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.load(gate_up + r * in_stride + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gate_up + r * in_stride + n_cols + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out + r * out_stride + cols, (gate * _sigmoid(gate) * up).to(out.dtype.element_ty), mask=ok)
 
 
@@ -408,22 +408,14 @@ def sigmoid_mul(*, attn: torch.Tensor, qkv: torch.Tensor, heads: int, head_dim: 
     return out
 
 
-def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype, up: torch.Tensor | None = None) -> torch.Tensor:
-    """``SiLU(gate) * up`` of ``gate_up`` [rows, 2n] (gate | up, one fused projection), or with ``up`` [rows, n]
-    of ``gate_up`` = the gate alone [rows, n] (two projections, read where they are: no copy into one tensor)."""
+def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``SiLU(gate) * up`` of ``gate_up`` [rows, 2n] (gate | up: the MLP's fused projection, ``FusedProjection``)."""
     rows, width = gate_up.shape
     _rows_of(gate_up, "gate_up", width)
-    if up is None:
-        n_cols = width // 2
-        gate, up = gate_up, gate_up[:, n_cols:]
-    else:
-        n_cols, gate = width, gate_up
-        _rows_of(up, "up", n_cols)
-        if up.shape != gate.shape:
-            raise ValueError(f"up must be shaped as the gate {tuple(gate.shape)}; got {tuple(up.shape)}")
-    out = gate.new_empty(rows, n_cols, dtype=out_dtype)
+    n_cols = width // 2
+    out = gate_up.new_empty(rows, n_cols, dtype=out_dtype)
     block = min(1024, triton.next_power_of_2(n_cols))
     if rows:
-        _silu_mul_kernel[(rows, triton.cdiv(n_cols, block))](gate, gate.stride(0), up, up.stride(0), out,
-                                                              out.stride(0), n_cols, BLOCK=block)
+        _silu_mul_kernel[(rows, triton.cdiv(n_cols, block))](gate_up, gate_up.stride(0), out, out.stride(0), n_cols,
+                                                              BLOCK=block)
     return out
