@@ -1,10 +1,12 @@
 """Device layer: streams, events, kernels and copies; ``sim`` (seeded, CPU) and ``cuda`` backends."""
 
+import functools
+
 from mini_engine.device.base import Device, DeviceError, Event, OpRecord, Stream
 from mini_engine.device.sim import SimDevice
 
-__all__ = ["Device", "DeviceError", "Event", "OpRecord", "SimDevice", "Stream", "make_device", "unavailable",
-           "upload"]
+__all__ = ["Device", "DeviceError", "Event", "OpRecord", "SimDevice", "Stream", "make_device", "row_indices",
+           "unavailable", "upload"]
 
 
 def make_device(name: str = "sim", *, seed: int = 0) -> Device:
@@ -41,3 +43,12 @@ def upload(host, device):
     if host.device.type == "cpu" and device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def row_indices(n: int, device) -> "torch.Tensor":
+    """``arange(n)`` in int32 on ``device``, made once per (n, device) and shared: a kernel's row table for a batch
+    that reads its sequences in order (every layer of a forward asks for the same one). Read it, never write it."""
+    import torch
+
+    return torch.arange(n, dtype=torch.int32, device=device)

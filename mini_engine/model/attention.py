@@ -6,6 +6,8 @@ output is multiplied by ``sigmoid(gate)`` before ``o_proj``.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 from torch import nn
 
@@ -55,7 +57,7 @@ class GatedAttention(nn.Module):
         keys = torch.cat([t for i in range(batch.size) for t in (past_keys[i], k[batch.rows(i)])])
         values = torch.cat([t for i in range(batch.size) for t in (past_values[i], v[batch.rows(i)])])
         key_lengths = [batch.starts[i] + batch.lengths[i] for i in range(batch.size)]
-        cu_k = torch.tensor([0, *torch.tensor(key_lengths).cumsum(0).tolist()])
+        cu_k = torch.tensor([0, *accumulate(key_lengths)])
         out = ops.attention(kernels, q=q, k=keys, v=values, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_k)
         if kernels == "triton":
             from mini_engine.ops.decode_rows.triton import sigmoid_mul

@@ -8,6 +8,8 @@ boundary it crossed. Parameter names match Hugging Face's ``Qwen3_5ForCausalLM``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -36,6 +38,21 @@ class StepOutput:
     logits: torch.Tensor  # [new tokens, vocab] if all_logits else [1, vocab] (the last token)
     state: SequenceState
     snapshots: list[Snapshot]  # one per 64-boundary crossed by this forward, in order (snapshots="last": the last)
+
+
+class _Inputs(NamedTuple):
+    """A forward's input states, with every sequence's linear states stacked once for all layers: a layer reads
+    its [B, ...] slice in place (one copy per forward, not one per layer)."""
+
+    states: list[SequenceState]
+    conv: torch.Tensor | None  # [B, L_linear, conv_dim, W - 1]
+    rec: torch.Tensor | None  # [B, L_linear, Hv, K, V]
+
+    @classmethod
+    def of(cls, states: list[SequenceState], linear: bool) -> _Inputs:
+        if not linear:
+            return cls(states, None, None)
+        return cls(states, torch.stack([s.conv for s in states]), torch.stack([s.rec for s in states]))
 
 
 class DecoderLayer(nn.Module):
@@ -116,16 +133,17 @@ class HybridModel(nn.Module):
         batch = PackedBatch(tuple(s.length for s in states), tuple(t.numel() for t in tokens))
         x = self._embed(tokens, batch, media)
         linear_out, kv_out = [], []
+        inputs = _Inputs.of(states, bool(self.config.linear_layers))
         delta = None  # "triton": the last block's output, not yet added to x (the next norm adds it)
         for layer in self.model.layers:
-            x, delta, produced = self._layer(layer, x, delta, batch, states, len(linear_out), len(kv_out), kernels,
+            x, delta, produced = self._layer(layer, x, delta, batch, inputs, len(linear_out), len(kv_out), kernels,
                                              snapshots == "last")
             (linear_out if layer.layer_type == LINEAR else kv_out).append(produced)
         x = self._norm(self.model.norm, x, delta, kernels)
         picks = [batch.rows(i) if all_logits else slice(batch.rows(i).stop - 1, batch.rows(i).stop)
                  for i in range(batch.size)]
         logits = ops.linear(kernels, torch.cat([x[p] for p in picks]), self.head_weight)
-        bounds = [0, *torch.tensor([p.stop - p.start for p in picks]).cumsum(0).tolist()]
+        bounds = [0, *accumulate(p.stop - p.start for p in picks)]
         return [StepOutput(logits[bounds[i] : bounds[i + 1]],
                            *self._advance(i, batch, states[i], linear_out, kv_out, snapshots == "last"))
                 for i in range(batch.size)]
@@ -149,19 +167,18 @@ class HybridModel(nn.Module):
 
         return add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=torch.float32)
 
-    def _layer(self, layer: DecoderLayer, x, delta, batch, states, lin_idx: int, full_idx: int, kernels: str,
+    def _layer(self, layer: DecoderLayer, x, delta, batch, inputs: _Inputs, lin_idx: int, full_idx: int, kernels: str,
                last_boundary_only: bool):
         """One decoder layer: returns (x, the MLP's output still to add (the triton path) or None, what the mixer
         produced for the state)."""
         h = self._norm(layer.input_layernorm, x, delta, kernels)
         if layer.layer_type == LINEAR:
-            state = LinearLayerState(torch.stack([s.conv[lin_idx] for s in states]),
-                                     torch.stack([s.rec[lin_idx] for s in states]),
-                                     [s.pending[lin_idx] for s in states])
+            state = LinearLayerState(inputs.conv[:, lin_idx], inputs.rec[:, lin_idx],
+                                     [s.pending[lin_idx] for s in inputs.states])
             out, produced = layer.linear_attn(h, batch, state, kernels, last_boundary_only)
         else:
-            out, k, v = layer.self_attn(h, batch, [s.keys[full_idx] for s in states],
-                                        [s.values[full_idx] for s in states], kernels)
+            out, k, v = layer.self_attn(h, batch, [s.keys[full_idx] for s in inputs.states],
+                                        [s.values[full_idx] for s in inputs.states], kernels)
             produced = (k, v)
         if kernels == "triton":
             return x, layer.mlp(self._norm(layer.post_attention_layernorm, x, out, kernels), kernels), produced

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mini_engine.device import upload
+from mini_engine.device import row_indices, upload
 from mini_engine.ops.causal_conv1d.reference import ConvResult
 
 __all__ = ["causal_conv1d", "causal_conv1d_update"]
@@ -191,7 +191,7 @@ def _state_source(*, batch: int, channels: int, width: int, device: torch.device
     state_shape = (batch, channels, width - 1)
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
         raise ValueError(f"initial_state must be {state_shape}; got {tuple(initial_state.shape)}")
-    rows = torch.arange(batch, dtype=torch.int32, device=device)
+    rows = row_indices(batch, torch.device(device))
     final = torch.empty(state_shape, dtype=torch.float32, device=device)
     return initial_state, rows, final, rows, False
 

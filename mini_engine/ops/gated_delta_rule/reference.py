@@ -52,10 +52,11 @@ def _check_inputs(q, k, v, g, beta, cu_seqlens, initial_state):
     for name, t in (("g", g), ("beta", beta)):
         if t.shape != (total, hv):
             raise ValueError(f"{name} must be [T, Hv] = {(total, hv)}; got {tuple(t.shape)}")
-    if cu_seqlens.dim() != 1 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != total:
-        raise ValueError(f"cu_seqlens must run from 0 to T={total}; got {cu_seqlens.tolist()}")
-    if bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()):
-        raise ValueError(f"cu_seqlens must be non-decreasing; got {cu_seqlens.tolist()}")
+    bounds = cu_seqlens.tolist() if cu_seqlens.dim() == 1 else None  # host ints: no tensor op per check
+    if not bounds or bounds[0] != 0 or bounds[-1] != total:
+        raise ValueError(f"cu_seqlens must be 1-D and run from 0 to T={total}; got {cu_seqlens.tolist()}")
+    if any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must be non-decreasing; got {bounds}")
     n_seq = cu_seqlens.numel() - 1
     shape = (n_seq, hv, q.shape[2], v.shape[2])
     if initial_state is not None and tuple(initial_state.shape) != shape:

@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mini_engine.device import upload
+from mini_engine.device import row_indices, upload
 from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK, GdnResult, _check_inputs
 from mini_engine.ops.precision import FP32_DOT
@@ -392,8 +392,10 @@ def _initial_source(initial_state, state_pool, state_indices, n_seq: int, state_
             raise ValueError("give initial_state or state_pool (with state_indices), not both")
         check_pool(state_pool, state_indices, n_seq, state_shape)
         return state_pool, upload(state_indices.to(torch.int32), device)
-    if initial_state is not None:
-        return initial_state.contiguous(), torch.arange(n_seq, device=device, dtype=torch.int32)
+    if initial_state is not None:  # read in place when each sequence's state is contiguous (rows may be strided)
+        _, _, k_dim, v_dim = initial_state.shape
+        whole = initial_state.stride()[1:] == (k_dim * v_dim, v_dim, 1)
+        return (initial_state if whole else initial_state.contiguous()), row_indices(n_seq, device)
     return None, None
 
 
