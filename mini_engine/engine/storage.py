@@ -102,8 +102,10 @@ class StateStorage:
         return [DeviceDigest(lanes[i], done) for i in range(len(slots))]
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return (self.conv[slot].clone(), self.rec[slot].clone(),
-                self.pending[slot, :, : length % SNAPSHOT_ALIGN].clone())
+        """The conv, rec and pending rows of a state of ``length`` tokens in ``slot``, as views of the pools (no
+        copy): read them inside the device op, before anything writes the slot (a forward stacks and packs them
+        before the runner writes its results back)."""
+        return self.conv[slot], self.rec[slot], self.pending[slot, :, : length % SNAPSHOT_ALIGN]
 
     def write_snapshot(self, slot: int, snapshot: Snapshot) -> None:
         """A snapshot slot at a 64-multiple: conv and rec, no pending rows."""

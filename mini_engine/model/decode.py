@@ -185,7 +185,7 @@ def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
     lin = full = 0
     for layer, weights in zip(model.model.layers, dm.layers):
         h = row_ops.add_rms_norm(x=x, delta=delta, weight=layer.input_layernorm.weight, eps=layer.input_layernorm.eps,
-                              out_dtype=weights.in_proj.dtype)
+                                 out_dtype=weights.in_proj.dtype, live=n)
         if layer.layer_type == LINEAR:
             delta = _linear_attention(dm, layer.linear_attn, weights.in_proj, h, pools, lin, step, n)
             lin += 1
@@ -193,11 +193,14 @@ def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
             delta = _full_attention(dm, layer.self_attn, weights.in_proj, h, pools, full, step, page_table, n)
             full += 1
         norm = layer.post_attention_layernorm
-        h = row_ops.add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=weights.gate_up.dtype)
-        act = row_ops.silu_mul(gate_up=dm.linear(h, weights.gate_up, n), out_dtype=layer.mlp.down_proj.weight.dtype)
+        h = row_ops.add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=weights.gate_up.dtype,
+                                 live=n)
+        act = row_ops.silu_mul(gate_up=dm.linear(h, weights.gate_up, n), out_dtype=layer.mlp.down_proj.weight.dtype,
+                               live=n)
         delta = dm.linear(act, layer.mlp.down_proj.weight, n)
     head = model.head_weight
-    h = row_ops.add_rms_norm(x=x, delta=delta, weight=model.model.norm.weight, eps=dm.norm_eps, out_dtype=head.dtype)
+    h = row_ops.add_rms_norm(x=x, delta=delta, weight=model.model.norm.weight, eps=dm.norm_eps, out_dtype=head.dtype,
+                             live=n)
     return dm.linear(h, head, n)[:n].float()
 
 

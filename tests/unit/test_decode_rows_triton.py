@@ -33,6 +33,24 @@ def test_add_rms_norm(out_dtype, with_delta):
     assert relative_error(got_x, want_x) <= 1e-6
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16], ids=str)
+def test_padding_rows_are_written_as_zeros_and_never_read(out_dtype):
+    """With ``live`` rows of a padded batch: the live rows as with every row live, bit for bit; the padding rows'
+    outputs zeros even where their inputs hold NaNs, and the residual's padding rows left as they were."""
+    gen = torch.Generator().manual_seed(14)
+    x, delta, weight = randn(ROWS, 100, gen=gen), randn(ROWS, 100, gen=gen, dtype=out_dtype), randn(100, gen=gen)
+    gate_up = randn(ROWS, 2 * 1500, gen=gen, dtype=out_dtype)
+    x[BATCH:], delta[BATCH:], gate_up[BATCH:] = float("nan"), float("nan"), float("nan")
+    every, padded = x.clone(), x.clone()
+    want = kernels.add_rms_norm(x=every, delta=delta, weight=weight, eps=1e-6, out_dtype=out_dtype)
+    got = kernels.add_rms_norm(x=padded, delta=delta, weight=weight, eps=1e-6, out_dtype=out_dtype, live=BATCH)
+    assert torch.equal(got[:BATCH], want[:BATCH]) and torch.equal(padded[:BATCH], every[:BATCH])
+    assert not got[BATCH:].any() and padded[BATCH:].isnan().all()
+    act = kernels.silu_mul(gate_up=gate_up, out_dtype=out_dtype, live=BATCH)
+    assert torch.equal(act[:BATCH], kernels.silu_mul(gate_up=gate_up, out_dtype=out_dtype)[:BATCH])
+    assert not act[BATCH:].any()
+
+
 def test_gdn_rows_and_their_pending_copies():
     """q and k L2-normalised per key head, v, the gates (softplus across its threshold and far below zero), and
     the same row stored at each sequence's (pending slot, row); nothing else in the pool changes."""

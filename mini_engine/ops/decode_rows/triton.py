@@ -26,12 +26,16 @@ def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
-@triton.jit
-def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, out_stride, eps,
+@triton.jit(do_not_specialize=["live"])  # one compile for every batch size
+def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, out_stride, eps, live,
                          HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+    """Row ``row``; rows from ``live`` on are padding: their output is zeros, and nothing of theirs is read."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
+    if row >= live:
+        tl.store(out + row * out_stride + cols, tl.zeros([BLOCK], out.dtype.element_ty), mask=ok)
+        return
     value = tl.load(x + row * x_stride + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DELTA:
         value += tl.load(delta + row * delta_stride + cols, mask=ok, other=0.0).to(tl.float32)
@@ -247,11 +251,15 @@ def _sigmoid_mul_kernel(attn, qkv, qkv_stride, out, out_stride, batch, HQ, D: tl
     tl.store(out + r * out_stride + h * D + d, (a * _sigmoid(gate)).to(out.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["live"])  # one compile for every batch size
+def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, live, BLOCK: tl.constexpr):
+    """Row r's column block; rows from ``live`` on are padding: zeros, nothing read."""
     r, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
+    if r >= live:
+        tl.store(out + r * out_stride + cols, tl.zeros([BLOCK], out.dtype.element_ty), mask=ok)
+        return
     gate = tl.load(gate_up + r * in_stride + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(gate_up + r * in_stride + n_cols + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out + r * out_stride + cols, (gate * _sigmoid(gate) * up).to(out.dtype.element_ty), mask=ok)
@@ -265,7 +273,10 @@ def _rows_of(t: torch.Tensor, name: str, cols: int) -> None:
 
 
 def add_rms_norm(*, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 out_dtype: torch.dtype) -> torch.Tensor:
+                 out_dtype: torch.dtype, live: int | None = None) -> torch.Tensor:
+    """As the reference. ``live``: the rows before it are the batch's, the rest padding (default: all live); a
+    padding row's output is zeros and its x and delta are neither read nor written (a decode step keeps them
+    zero)."""
     rows, cols = x.shape
     _rows_of(x, "x", cols)
     if x.dtype != torch.float32:
@@ -276,7 +287,8 @@ def add_rms_norm(*, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.T
     if rows:
         _add_rms_norm_kernel[(rows,)](x, x if delta is None else delta, weight, out, cols, x.stride(0),
                                       0 if delta is None else delta.stride(0), out.stride(0), eps,
-                                      HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(cols))
+                                      rows if live is None else live, HAS_DELTA=delta is not None,
+                                      BLOCK=triton.next_power_of_2(cols))
     return out
 
 
@@ -408,8 +420,9 @@ def sigmoid_mul(*, attn: torch.Tensor, qkv: torch.Tensor, heads: int, head_dim: 
     return out
 
 
-def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``SiLU(gate) * up`` of ``gate_up`` [rows, 2n] (gate | up: the MLP's fused projection, ``FusedProjection``)."""
+def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype, live: int | None = None) -> torch.Tensor:
+    """``SiLU(gate) * up`` of ``gate_up`` [rows, 2n] (gate | up: the MLP's fused projection, ``FusedProjection``);
+    rows from ``live`` on are padding (default: none): zeros, not read."""
     rows, width = gate_up.shape
     _rows_of(gate_up, "gate_up", width)
     n_cols = width // 2
@@ -417,5 +430,5 @@ def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(n_cols))
     if rows:
         _silu_mul_kernel[(rows, triton.cdiv(n_cols, block))](gate_up, gate_up.stride(0), out, out.stride(0), n_cols,
-                                                              BLOCK=block)
+                                                              rows if live is None else live, BLOCK=block)
     return out
