@@ -1,9 +1,13 @@
 """Device layer: streams, events, kernels and copies; ``sim`` (seeded, CPU) and ``cuda`` backends."""
 
 import functools
+from typing import TYPE_CHECKING
 
 from mini_engine.device.base import Device, DeviceError, Event, OpRecord, Stream
 from mini_engine.device.sim import SimDevice
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Device", "DeviceError", "Event", "OpRecord", "SimDevice", "Stream", "make_device", "row_indices",
            "unavailable", "upload"]

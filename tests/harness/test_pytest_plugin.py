@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from mini_engine.engine import Engine, EngineConfig
 from tests.server.conftest import live_server
 
