@@ -28,9 +28,10 @@ class FusedProjection:
     order, so a projection's columns of the fused result are the bits of its own gemm. (``inv.linear`` makes no
     such promise, and the reference forward does not fuse.)
 
-    The concatenation is a copy, made on first use and again whenever a part's weight changes (a new tensor,
-    dtype or device, or an in-place write): never stale. Not an ``nn.Module``: it holds no parameter of its own,
-    so state dicts and checkpoints do not see it."""
+    The concatenation is a copy, made on first use and again whenever a part's weight changes: a new tensor,
+    dtype or device, or an in-place write to the parameter (``load_state_dict``, an optimizer step). A write
+    through ``.data`` bypasses torch's version counter and is not seen. Not an ``nn.Module``: it holds no
+    parameter of its own, so state dicts and checkpoints do not see it."""
 
     def __init__(self, *parts: nn.Linear) -> None:
         self.parts = parts
