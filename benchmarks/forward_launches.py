@@ -19,7 +19,7 @@ deterministic: no repeats, no spread.
 forward, and the results written back (slots, pages, the track snapshot, the sampled token); items of
 ``--lengths`` new tokens after prefixes of ``--prefix`` tokens (64-multiples), ``--kernels`` the prefill's.
 
-``--shape 0.8b`` (decode only) counts the step of ``gpu_engine.py``'s Qwen3.5-0.8B-shaped model.
+``--shape 0.8b`` (decode and prefill-op) counts ``gpu_engine.py``'s Qwen3.5-0.8B-shaped model.
 
 Usage: ``python benchmarks/forward_launches.py [--step forward|decode|prefill-op] [--lengths 200 30 30 30]
 [--prefix 0 64 128 0] [--batch 4] [--gdn split fused] [--shape tiny|0.8b] [--kernels triton reference]
@@ -162,15 +162,16 @@ def main() -> None:
                              "default 0)")
     parser.add_argument("--batch", type=int, default=4, help="--step decode: sequences in the step")
     parser.add_argument("--shape", choices=("tiny", "0.8b"), default="tiny",
-                        help="--step decode: the built-in tiny model or the 0.8B shape of gpu_engine.py")
+                        help="--step decode or prefill-op: the built-in tiny model or the 0.8B shape of gpu_engine.py")
     parser.add_argument("--gdn", nargs="+", choices=GDN_STEPS, default=["split"],
                         help="--step decode: the GDN layers in three launches or one (DecodeModel(gdn=...))")
     parser.add_argument("--kernels", nargs="+", choices=("triton", "reference"), default=["triton", "reference"])
     parser.add_argument("--snapshots", choices=("all", "last"), default="last")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if args.shape == "0.8b" and args.step != "decode":
-        parser.error("--shape 0.8b: only with --step decode (a forward of it takes the interpreter too long)")
+    if args.shape == "0.8b" and args.step == "forward":
+        parser.error("--shape 0.8b: with --step decode or prefill-op (short items: a long forward of it takes the "
+                     "interpreter too long)")
     model = build_builtin() if args.shape == "tiny" else _shape_08b_model()
     prefixes = args.prefix or [0] * len(args.lengths)
     if len(prefixes) != len(args.lengths) or any(p % 64 or p < 0 for p in prefixes):
