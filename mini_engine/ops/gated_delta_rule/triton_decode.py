@@ -77,22 +77,27 @@ def _replay_head(new_row, pending_rows, rec, run, slot_offset, n_pending, runnin
     replayed from the boundary state, or the new one alone after the running copy; the state written back where the
     slot keeps it (``rec`` when the token completes its chunk, else the running copy). Returns the output [cols]."""
     kk = tl.arange(0, K)
-    # head bases, not [K, cols] pointer tiles: a tile of 64-bit pointers live across the loop costs two registers
-    # an element, more than the state itself
-    rec_head, run_head = rec + slot_offset + h * (K * V), run + slot_offset + h * (K * V)
-    first = tl.where(running, n_pending, 0)
-    state = tl.load(tl.where(running, run_head, rec_head) + kk[:, None] * V + cols[None, :]).to(tl.float32)
+    offsets = h * (K * V) + kk[:, None] * V + cols[None, :]
+    tile = rec + slot_offset + offsets
+    if HAS_RUN:  # the state after the slot's pending rows, if the last step on this slot left it there
+        run_tile = run + slot_offset + offsets
+        first = tl.where(running, n_pending, 0)
+        state = tl.load(tl.where(running, run_tile, tile)).to(tl.float32)
+    else:
+        first = n_pending * 0
+        state = tl.load(tile).to(tl.float32)
     # one loop body for every row, the new one included: a state from the running copy and one replayed
     # from the boundary went through the same instructions, so they are the same bits
     for j in range(first, n_pending + 1):
         state = _delta_step(state, tl.where(j < n_pending, pending_rows + j * ROW_WIDTH, new_row), hk, h, kk, cols,
                             KEY_DIM, VALUE_DIM, HV, K, V)
-    if n_pending == 63:  # the token completes its chunk: the slot now keeps the state at the boundary
-        tl.store(rec_head + kk[:, None] * V + cols[None, :], state.to(rec.dtype.element_ty))
-    elif HAS_RUN:
-        tl.store(run_head + kk[:, None] * V + cols[None, :], state.to(run.dtype.element_ty))
     q_t = tl.load(new_row + hk * K + kk).to(tl.float32) * scale
-    return tl.sum(state * q_t[:, None], axis=0)
+    o = tl.sum(state * q_t[:, None], axis=0)
+    if n_pending == 63:  # the token completes its chunk: the slot now keeps the state at the boundary
+        tl.store(tile, state.to(rec.dtype.element_ty))
+    elif HAS_RUN:
+        tl.store(run_tile, state.to(run.dtype.element_ty))
+    return o
 
 
 @triton.jit
