@@ -8,9 +8,9 @@ model's returned states, and nothing may land outside the slots and pages the st
 import pytest
 import torch
 
+from mini_engine.constants import GDN_STEPS
 from mini_engine.device.sim import SimDevice
 from mini_engine.engine.storage import KVStorage, StateStorage
-from mini_engine.constants import GDN_STEPS
 from mini_engine.model.decode import SINK, DecodeModel, Pools, decode_step
 
 PAGE = 4
@@ -100,18 +100,24 @@ def test_a_sequence_gets_the_same_bits_alone_as_in_a_batch(setup):
     assert torch.equal(alone[0], logits[ALONE])
 
 
-def check_running_copy(model, device, steps: int = 2) -> None:
-    """``steps`` decode steps on pools with the running copy against the same steps replaying every time:
-    the same logits and pools bit for bit; the memo counts the rows it follows (-1 once a chunk completes);
-    any other write to a slot drops its memo."""
+def _prefilled(model, device, steps: int) -> tuple[StateStorage, Pools, torch.Tensor]:
+    """Every sequence prefilled into pools with the running copy, pages for ``steps`` more tokens each: the storage,
+    its pools and the page table [B, pages] on the device."""
     states = StateStorage(model.config, 8, device, running=True)
     kv = KVStorage(model.config, 512, PAGE, device)
     tables = [[1 + b + 6 * i for i in range(-(-(length + steps) // PAGE))] for b, length in enumerate(LENGTHS)]
     _prefill(model, states, kv, tables, torch.Generator().manual_seed(5))
-    dev = states.conv.device
     width = max(map(len, tables))
-    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev)
-    running = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=states.conv.device)
+    return states, Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows), table
+
+
+def check_running_copy(model, device, steps: int = 2) -> None:
+    """``steps`` decode steps on pools with the running copy against the same steps replaying every time:
+    the same logits and pools bit for bit; the memo counts the rows it follows (-1 once a chunk completes);
+    any other write to a slot drops its memo."""
+    states, running, table = _prefilled(model, device, steps)
+    dev = table.device
     replaying = Pools(*(t.clone() for t in running[:5]))
     assert (states.run_rows == -1).all(), "a prefilled slot has no memo"
     fused, gen = DecodeModel(model), torch.Generator().manual_seed(9)
@@ -145,14 +151,7 @@ def check_gdn_step_variants(model, device, *, exact: bool, steps: int = 2) -> No
     (``exact``) or to rounding (a GPU), through chunk completions and running copies."""
     runs = []
     for gdn in GDN_STEPS:
-        states = StateStorage(model.config, 8, device, running=True)
-        kv = KVStorage(model.config, 512, PAGE, device)
-        tables = [[1 + b + 6 * i for i in range(-(-(length + steps) // PAGE))] for b, length in enumerate(LENGTHS)]
-        _prefill(model, states, kv, tables, torch.Generator().manual_seed(5))
-        width = max(map(len, tables))
-        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32,
-                             device=states.conv.device)
-        pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
+        _, pools, table = _prefilled(model, device, steps)
         decoder, gen = DecodeModel(model, gdn=gdn), torch.Generator().manual_seed(9)
         logits = [decode_step(decoder, pools, torch.randint(0, model.config.vocab_size, (len(SLOTS),),
                                                             generator=gen).to(table.device),
