@@ -53,7 +53,7 @@ def packed_sequences(fn, lengths: list[int], device: str, seed: int) -> dict:
     data = fn.make(probe, gen, device)
     alone = fn(data, [probe])
     inside = []
-    for others in ([5], [64, 130], [1] * 16, [300]):
+    for others in ([5], [64, 130], [1] * 16, [1] * 40, [300]):
         for first in (True, False):
             parts = [fn.make(n, gen, device) for n in others]
             pack = [data, *parts] if first else [*parts, data]
@@ -64,7 +64,11 @@ def packed_sequences(fn, lengths: list[int], device: str, seed: int) -> dict:
 
 
 class Gdn:
-    """Chunked gated delta rule over packed sequences, 4 value heads of 32."""
+    """Chunked gated delta rule over packed sequences, 4 value heads of 32: the reference, or the Triton kernel
+    (``config``: its walk's launch configuration; None, the default it picks for the shape)."""
+
+    def __init__(self, kernels: str = "reference", config=None):
+        self.kernels, self.config = kernels, config
 
     @staticmethod
     def make(n: int, gen, device):
@@ -76,7 +80,27 @@ class Gdn:
     def __call__(self, cols, lengths):
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
         q, k, v, g, beta = cols
+        if self.kernels == "triton":
+            from mini_engine.ops.gated_delta_rule.triton import (
+                chunk_gated_delta_rule_triton as rule,
+            )
+
+            return rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu, config=self.config).output
         return chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu).output
+
+
+def walk_configurations(device: str, seed: int) -> dict:
+    """The Triton gated delta rule on one pack of 41 sequences (enough to fill the SMs with the widest V tile)
+    under each walk configuration a GPU may pick, against the first: whether the tile alone changes a bit.
+    The kernel picks its configuration by the shape alone, so this decides nothing in the engine; it says
+    whether the choice could."""
+    from mini_engine.ops.gated_delta_rule.triton import walk_configs
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [70, 130, 5, *([1] * 38)]
+    cols = [torch.cat(c) for c in zip(*(Gdn.make(n, gen, device) for n in lengths))]
+    outputs = [Gdn("triton", c)(cols, lengths) for c in walk_configs(torch.float32) if c.block_v <= 32]
+    return compare(outputs[0], outputs[1:])
 
 
 class Attention:
@@ -150,6 +174,9 @@ def main() -> None:
         "causal conv1d (packed sequences)": packed_sequences(Conv(), [70], device, 9),
         "tiny model logits (packed sequences)": packed_sequences(WholeModel(device), [70], device, 10),
     }
+    if device.startswith("cuda"):  # the engine's Triton prefill kernel (the interpreter would take minutes)
+        rows["gated delta rule, Triton (packed sequences)"] = packed_sequences(Gdn("triton"), [70], device, 8)
+        rows["gated delta rule, Triton, V tile 16 vs 32"] = walk_configurations(device, 11)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(f"{name}, torch {torch.__version__}, float32, TF32 off")
     print(f"{'primitive':<40}{'bit-identical':>14}{'max |diff|':>12}")

@@ -8,12 +8,16 @@ the benchmark's shape: one sequence of 16,384 tokens, 32 heads, K = V = 128.
 import pytest
 import torch
 
-from mini_engine.ops.gated_delta_rule.triton import LaunchConfig
+from mini_engine.ops.gated_delta_rule.triton import (
+    LaunchConfig,
+    chunk_gated_delta_rule_triton,
+)
 from tests.unit.gdn_support import (
     check_boundary_out,
     check_decode,
     check_decode_continues_prefill,
     check_prefill,
+    gdn_inputs,
 )
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -64,3 +68,26 @@ def test_decode(dtype, config):
 def test_decode_continues_prefill():
     """Prefill of 1000 tokens into a slot, then 5 decode steps, equals one prefill of all 1005 (fp32)."""
     check_decode_continues_prefill(prompt=1000, steps=5, **HEADS, device="cuda")
+
+
+@pytest.mark.parametrize("dtype, heads", [(torch.float32, {"hk": 2, "hv": 4, "k_dim": 32, "v_dim": 32}),
+                                          (torch.bfloat16, {"hk": 16, "hv": 16, "k_dim": 128, "v_dim": 128})],
+                         ids=["tiny-fp32", "0.8b-bf16"])
+def test_a_sequences_bits_do_not_depend_on_the_batch(dtype, heads):
+    """A sequence prefilled alone and inside a batch of 40 (enough sequences to fill every SM: the batch a
+    serial engine with reference decode packs, decode items and all) gets the same output and states, bit
+    for bit: the walk's launch configuration is the shape's, never the batch's."""
+    lengths = [150, 1, 37, 64, *([1] * 30), 200, 3, 65, 128, 1, 9]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    inputs = gdn_inputs(tokens=sum(lengths), **heads, dtype=dtype, device="cuda")
+    initial = 0.1 * torch.randn(len(lengths), heads["hv"], heads["k_dim"], heads["v_dim"], device="cuda",
+                                generator=torch.Generator("cuda").manual_seed(5))
+    whole = chunk_gated_delta_rule_triton(**inputs, cu_seqlens=cu, initial_state=initial)
+    for s in (0, 1, len(lengths) - 2):
+        rows = slice(cu[s].item(), cu[s + 1].item())
+        alone = chunk_gated_delta_rule_triton(**{name: t[rows] for name, t in inputs.items()},
+                                              cu_seqlens=torch.tensor([0, lengths[s]]), initial_state=initial[s : s + 1])
+        assert torch.equal(alone.output, whole.output[rows]), f"sequence {s}: output"
+        assert torch.equal(alone.final_state[0], whole.final_state[s]), f"sequence {s}: final state"
+        for mine, theirs in zip(alone.boundary_states[0], whole.boundary_states[s], strict=True):
+            assert torch.equal(mine, theirs), f"sequence {s}: a boundary state"

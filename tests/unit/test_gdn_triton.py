@@ -83,3 +83,17 @@ def test_bad_arguments_rejected():
         chunk_gated_delta_rule_triton(**odd, cu_seqlens=offsets([4]))
     with pytest.raises(ValueError, match="block_v"):
         LaunchConfig(block_v=48)
+
+
+def test_the_walk_configuration_is_chosen_by_the_shape_not_the_batch(monkeypatch):
+    """The walk's launch configuration is asked for with the sequence's shape only: one sequence and a pack of 41
+    ask alike (on a GPU the choice changes the dots' shapes, so a choice by the batch could change a bit)."""
+    from mini_engine.ops.gated_delta_rule import triton as gdn_triton
+
+    asked = []
+    choose = gdn_triton._default_walk_config
+    monkeypatch.setattr(gdn_triton, "_default_walk_config", lambda *args: asked.append(args) or choose(*args))
+    for lengths in ([3], [3, *([1] * 40)]):
+        inputs = gdn_inputs(tokens=sum(lengths), **GROUPED, dtype=torch.float32, device="cpu")
+        chunk_gated_delta_rule_triton(**inputs, cu_seqlens=offsets(lengths))
+    assert len(asked) == 2 and asked[0] == asked[1]

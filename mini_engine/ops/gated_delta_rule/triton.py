@@ -301,8 +301,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _default_walk_config(pairs: int, v_dim: int, device: torch.device, dtype: torch.dtype) -> LaunchConfig:
-    """The widest V tile that still gives about one program per SM (the walk is sequential per tile).
+def _default_walk_config(heads: int, v_dim: int, device: torch.device, dtype: torch.dtype) -> LaunchConfig:
+    """The widest V tile that still gives one sequence of ``heads`` value heads about one program per SM (the
+    walk is sequential per tile). Chosen by the shape alone, never by the batch: the tile changes the dots'
+    shapes, and nothing promises the compiler gives every shape the same bits, so a sequence packed with 40
+    others must get the configuration it gets alone (batch invariance, as the one-launch gemm's per-dtype
+    configuration). A batch of many sequences has programs enough with any tile.
 
     16-bit inputs: V tiles of at most 32 with three pipeline stages (measured on the H200, 1 x 16384 and
     16 x 1024 bf16: 32/4 warps/3 stages beat 64/8/2 and 32/4/2 by 10-20 %). float32 inputs keep two stages:
@@ -312,7 +316,7 @@ def _default_walk_config(pairs: int, v_dim: int, device: torch.device, dtype: to
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     *wider, narrowest = walk_configs(dtype)
     for config in wider:
-        if config.block_v <= v_dim and pairs * (v_dim // config.block_v) >= sms * 3 // 4:
+        if config.block_v <= v_dim and heads * (v_dim // config.block_v) >= sms * 3 // 4:
             return config
     return narrowest
 
@@ -427,7 +431,7 @@ def chunk_gated_delta_rule_triton(
     check_head_sizes(k_dim, v_dim, q.dtype)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    config = config or _default_walk_config(n_seq * hv, v_dim, q.device, q.dtype)
+    config = config or _default_walk_config(hv, v_dim, q.device, q.dtype)
     scale = k_dim**-0.5 if scale is None else scale
     plan, (chunk_row0, chunk_rows, seq_row0, seq_len, seq_first_boundary) = _chunk_tables(
         tuple(cu_seqlens.tolist()), q.device)
