@@ -303,10 +303,8 @@ def _sm_count(device_index: int) -> int:
 
 def _default_walk_config(heads: int, v_dim: int, device: torch.device, dtype: torch.dtype) -> LaunchConfig:
     """The widest V tile that still gives one sequence of ``heads`` value heads about one program per SM (the
-    walk is sequential per tile). Chosen by the shape alone, never by the batch: the tile changes the dots'
-    shapes, and nothing promises the compiler gives every shape the same bits, so a sequence packed with 40
-    others must get the configuration it gets alone (batch invariance, as the one-launch gemm's per-dtype
-    configuration). A batch of many sequences has programs enough with any tile.
+    walk is sequential per tile). By the shape alone, never the batch: the tile changes the dots' shapes, and
+    nothing promises every shape the same bits, so a sequence in a pack gets what it gets alone.
 
     16-bit inputs: V tiles of at most 32 with three pipeline stages (measured on the H200, 1 x 16384 and
     16 x 1024 bf16: 32/4 warps/3 stages beat 64/8/2 and 32/4/2 by 10-20 %). float32 inputs keep two stages:
