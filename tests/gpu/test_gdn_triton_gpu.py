@@ -18,6 +18,7 @@ from tests.unit.gdn_support import (
     check_decode_continues_prefill,
     check_prefill,
     gdn_inputs,
+    offsets,
 )
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -78,7 +79,7 @@ def test_a_sequences_bits_do_not_depend_on_the_batch(dtype, heads):
     serial engine with reference decode packs, decode items and all) gets the same output and states, bit
     for bit: the walk's launch configuration is the shape's, never the batch's."""
     lengths = [150, 1, 37, 64, *([1] * 30), 200, 3, 65, 128, 1, 9]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = offsets(lengths)
     inputs = gdn_inputs(tokens=sum(lengths), **heads, dtype=dtype, device="cuda")
     initial = 0.1 * torch.randn(len(lengths), heads["hv"], heads["k_dim"], heads["v_dim"], device="cuda",
                                 generator=torch.Generator("cuda").manual_seed(5))
@@ -86,7 +87,7 @@ def test_a_sequences_bits_do_not_depend_on_the_batch(dtype, heads):
     for s in (0, 1, len(lengths) - 2):
         rows = slice(cu[s].item(), cu[s + 1].item())
         alone = chunk_gated_delta_rule_triton(**{name: t[rows] for name, t in inputs.items()},
-                                              cu_seqlens=torch.tensor([0, lengths[s]]), initial_state=initial[s : s + 1])
+                                              cu_seqlens=offsets(lengths[s : s + 1]), initial_state=initial[s : s + 1])
         assert torch.equal(alone.output, whole.output[rows]), f"sequence {s}: output"
         assert torch.equal(alone.final_state[0], whole.final_state[s]), f"sequence {s}: final state"
         for mine, theirs in zip(alone.boundary_states[0], whole.boundary_states[s], strict=True):
