@@ -70,6 +70,7 @@ class RequestResult:
     # digest of the exact logits every output token was sampled from (instrumented engines only): a
     # hit whose state was corrupted differs from its cold run here even when no token changed yet
     logits_digest: str | None = None
+    logit_checks: tuple[int, ...] = ()  # the digest's parts, one 63-bit check per output token (instrumented only)
 
 
 class Engine:
@@ -275,7 +276,8 @@ class Engine:
             checks = b"".join(c.to_bytes(8, "little") for c in r.logit_checks)
             logits = hashlib.blake2b(checks, digest_size=8).hexdigest()
         return RequestResult(rid, len(r.prompt), tuple(r.outputs), r.finish_reason, r.cached_len, key,
-                             r.restore_slot, self._text(r)[0], r.media_digest, logits)
+                             r.restore_slot, self._text(r)[0], r.media_digest, logits,
+                             tuple(r.logit_checks) if self.events.enabled else ())
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()

@@ -6,6 +6,7 @@ import random
 import pytest
 
 from forensics.attribute import donated_states
+from forensics.divergence import divergences
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 from mini_engine.model import build_builtin
 
@@ -24,10 +25,19 @@ def hit_heavy(seed: int = 0) -> list[tuple[list[int], int]]:
 
 
 def run(model, requests, **options):
-    engine = Engine(EngineConfig(device="cuda", **options), model=model, sink=lambda row: None)
+    """(results, ledger rows) of the requests on a cuda engine."""
+    rows = []
+    engine = Engine(EngineConfig(device="cuda", **options), model=model, sink=rows.append)
     ids = [engine.submit(prompt, SamplingParams(max_tokens=6), at_step=step) for prompt, step in requests]
     engine.run()
-    return [engine.result(r) for r in ids]
+    return [engine.result(r) for r in ids], rows
+
+
+def parted(hot, cold) -> str:
+    """Where each hit that differs from its cold run first parted from it (``forensics.divergence``)."""
+    (hot, hot_rows), (cold, cold_rows) = hot, cold
+    found = divergences(hot_rows, cold_rows, logits={h.rid: (h.logit_checks, c.logit_checks) for h, c in zip(hot, cold)})
+    return "\n".join(d.describe() for d in found if d.parted)
 
 
 @pytest.mark.parametrize("decode_kernels", ["triton", "reference"])
@@ -41,12 +51,13 @@ def test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu(cuda_model, overlap, d
     requests = hit_heavy()
     for prefill in ("triton", "reference"):
         options = dict(decode_kernels=decode_kernels, prefill_kernels=prefill)
-        hot = run(cuda_model, requests, overlap=overlap, **options)
-        cold = run(cuda_model, requests, enable_cache=False, **options)
+        hot_run = run(cuda_model, requests, overlap=overlap, **options)
+        cold_run = run(cuda_model, requests, enable_cache=False, **options)
+        hot, cold = hot_run[0], cold_run[0]
         assert sum(r.cached_tokens > 0 for r in hot) >= 24
-        assert [r.output_ids for r in hot] == [r.output_ids for r in cold], prefill
+        assert [r.output_ids for r in hot] == [r.output_ids for r in cold], (prefill, parted(hot_run, cold_run))
         if prefill == "triton":
-            assert [r.logits_digest for r in hot] == [r.logits_digest for r in cold]
+            assert [r.logits_digest for r in hot] == [r.logits_digest for r in cold], parted(hot_run, cold_run)
 
 
 def test_transfer_poisons_the_finish_donation_through_the_decode_in_flight(cuda_model):

@@ -1,0 +1,120 @@
+"""Where a run and its control part: per request, the first position whose state differs, or else the first
+token whose logits differ.
+
+The attribution (``forensics.attribute``) explains a corrupted hit by the ledger of one run. This compares two
+ledgers of the same requests (the same ``rid``s, the same prompts), typically a hit-heavy run and the same
+requests with the cache off, on an engine that claims a hit gives its cold run's bits. A request's live slot is
+written after each of its forwards (``slot_write``: position, checksum of the state the forward left), and the
+run and the control write it at many of the same positions: every decode token's, and the prompt's end. The
+first position where the checksums part says where the computation parted::
+
+    control  |0 ........ 64 ....... 128 .... 171|172|173|174|175|   (cold: every position its own)
+    run      |restored at 128 ......... 171|172|173|174|175|         (a hit: the first forward starts at 128)
+                                           ^ compared from the first position both wrote
+
+- the state parted at position p: the forward that ended at p computed the slot otherwise (a batch-variant kernel,
+  or a restore that brought other bytes; its ``batch`` in each run says what it was packed with);
+- no position parted, but a token's logits did (``logits``, per output token, instrumented engines only): the path
+  from the state to the logits (the layers after the last linear one, the head), at that token's forward.
+
+Pure functions of the rows; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Divergence", "divergences"]
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Request ``rid``'s first difference between a run and its control (see the module doc).
+
+    ``compared``: positions whose live state both wrote; ``state_at``: the first of them whose checksum differs
+    (None: none did); ``packed``: the items of the batch that wrote it, in the run and in the control; ``token``:
+    the first output token whose logits check differs (None: none did, or no checks were given); ``restored_at``:
+    the position the run restored the request's state at (None: it restored nothing); ``first_forward``: whether
+    ``state_at`` ends the run's first forward of the request (after its restore, if any)."""
+
+    rid: str
+    compared: int
+    state_at: int | None = None
+    packed: tuple[int, int] | None = None
+    token: int | None = None
+    restored_at: int | None = None
+    first_forward: bool = False
+
+    @property
+    def parted(self) -> bool:
+        return self.state_at is not None or self.token is not None
+
+    def describe(self) -> str:
+        who = self.rid if self.restored_at is None else f"{self.rid} (restored at {self.restored_at})"
+        if self.state_at is not None:
+            run, control = self.packed or (0, 0)
+            which = "its first forward" if self.first_forward else "a later forward"
+            return (f"{who}: the live state first differs at position {self.state_at}, the end of {which} (packed "
+                    f"with {run} item(s) in all in the run, {control} in the control)")
+        if self.token is not None:
+            return (f"{who}: the live state is equal at all {self.compared} positions both runs wrote; the logits "
+                    f"first differ at output token {self.token}")
+        return f"{who}: equal at all {self.compared} positions both runs wrote"
+
+
+def divergences(run: Iterable[Row], control: Iterable[Row], *,
+                logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None) -> list[Divergence]:
+    """Per request in both ledgers (in the run's order), where it first parted from the control.
+
+    ``run``, ``control``: ledger rows (``slot_write`` rows are read; others ignored). A position written twice
+    (a request recomputed after preemption) counts by its last write. ``logits``: per rid, the run's and the
+    control's logits checks of each output token, in order (``RequestResult.logit_checks``)."""
+    ours, theirs = _LiveWrites.of(run), _LiveWrites.of(control)
+    found = []
+    for rid, written in ours.by_rid.items():
+        if rid not in theirs.by_rid:
+            continue
+        other = theirs.by_rid[rid]
+        common = sorted(written.keys() & other.keys())
+        state_at = next((p for p in common if written[p]["checksum"] != other[p]["checksum"]), None)
+        packed = None if state_at is None else (ours.packed(written[state_at]), theirs.packed(other[state_at]))
+        found.append(Divergence(rid, len(common), state_at, packed, _first_token(logits, rid),
+                                ours.restored.get(rid), state_at is not None and state_at == min(written)))
+    return found
+
+
+@dataclass(frozen=True)
+class _LiveWrites:
+    by_rid: dict[str, dict[int, Row]]  # rid -> position -> the last slot_write of its live slot there
+    batch_items: Counter  # batch -> live slots its forward wrote
+    restored: dict[str, int]  # rid -> the position of its (last) restore
+
+    @classmethod
+    def of(cls, rows: Iterable[Row]) -> _LiveWrites:
+        by_rid: dict[str, dict[int, Row]] = {}
+        batch_items: Counter = Counter()
+        restored: dict[str, int] = {}
+        for row in rows:
+            if row.get("type") == "slot_write":
+                by_rid.setdefault(row["rid"], {})[int(row["position"])] = row
+                batch_items[row.get("batch")] += 1
+            elif row.get("type") == "restore":
+                restored[row["rid"]] = int(row["position"])
+        return cls(by_rid, batch_items, restored)
+
+    def packed(self, row: Row) -> int:
+        """The items of ``row``'s batch (0 when the rows carry no batch)."""
+        return 0 if row.get("batch") is None else self.batch_items[row["batch"]]
+
+
+def _first_token(logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None, rid: str) -> int | None:
+    if not logits or rid not in logits:
+        return None
+    ours, theirs = logits[rid]
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                None if len(ours) == len(theirs) else min(len(ours), len(theirs)))
