@@ -67,19 +67,22 @@ class Divergence:
         return f"{who}: equal at all {self.compared} positions both runs wrote"
 
 
-def divergences(run: Iterable[Row], control: Iterable[Row], *,
+def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[str, str] | None = None,
                 logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None) -> list[Divergence]:
-    """Per request in both ledgers (in the run's order), where it first parted from the control.
+    """Per request of the run (in its order) that has a control, where it first parted from the control.
 
-    ``run``, ``control``: ledger rows (``slot_write`` rows are read; others ignored). A position written twice
-    (a request recomputed after preemption) counts by its last write. ``logits``: per rid, the run's and the
-    control's logits checks of each output token, in order (``RequestResult.logit_checks``)."""
+    ``run``, ``control``: ledger rows (``slot_write`` and ``restore`` rows are read; others ignored), each the
+    whole stream the requests ran in, so that a batch's items can be counted. A position written twice (a request
+    recomputed after preemption) counts by its last write. ``pairs``: run rid -> its control's rid (default: the
+    same rid, for every rid of the run). ``logits``: per run rid, the run's and the control's logits checks of each
+    output token, in order (``RequestResult.logit_checks``)."""
     ours, theirs = _LiveWrites.of(run), _LiveWrites.of(control)
+    pairs = pairs if pairs is not None else {rid: rid for rid in ours.by_rid}
     found = []
     for rid, written in ours.by_rid.items():
-        if rid not in theirs.by_rid:
+        other = theirs.by_rid.get(pairs.get(rid))
+        if other is None:
             continue
-        other = theirs.by_rid[rid]
         common = sorted(written.keys() & other.keys())
         state_at = next((p for p in common if written[p]["checksum"] != other[p]["checksum"]), None)
         packed = None if state_at is None else (ours.packed(written[state_at]), theirs.packed(other[state_at]))

@@ -67,6 +67,14 @@ class Analysis:
     def corrupted(self) -> tuple[VerdictRow, ...]:
         return tuple(row for row in self.rows if row.corrupted)
 
+    def controls(self) -> dict[str, str]:
+        """Each hammered request -> the request of its cold control (the first control run of the same key)."""
+        of_key: dict[str, str] = {}
+        for row in self.rows:
+            if row.arm == CONTROL_ARM:
+                of_key.setdefault(row.key, row.request)
+        return {row.request: of_key[row.key] for row in self.rows if row.arm != CONTROL_ARM and row.key in of_key}
+
 
 def check_safe(oracle: Oracle, record: RequestRecord, ctx: Context) -> Check:
     """``oracle(record, ctx)``, or an ``unknown`` check naming the error if it raises or returns junk."""

@@ -117,6 +117,7 @@ def _completion(choice: int, result: Any) -> Completion:
         forensic["media_digest"] = result.media_digest
     if result.logits_digest is not None:
         forensic["logits_digest"] = result.logits_digest
+        forensic["logit_checks"] = list(result.logit_checks)  # per token: where a hit's logits part from its control
     usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": len(result.output_ids)}
     return Completion(choice, result.text, tuple(result.output_ids), result.finish_reason, result.cached_tokens,
                       usage, forensic)

@@ -89,3 +89,12 @@ def test_a_run_that_stops_early_parts_at_its_first_missing_token():
     """Checks of unequal lengths agreeing as far as both go part at the shorter one's end."""
     (found,) = divergences([row("a", 1, 1)], [row("a", 1, 1)], logits={"a": ([1, 2], [1, 2, 3])})
     assert found.token == 2
+
+
+def test_a_request_is_compared_with_the_control_it_is_paired_with():
+    """``pairs`` names each run request's control (the harness's controls have ids of their own); unpaired
+    requests are skipped."""
+    run, control = [row("hit", 5, 1), row("other", 5, 1)], [row("ctl", 4, 0), row("ctl", 5, 2)]
+    assert divergences(run, control) == []
+    (found,) = divergences(run, control, pairs={"hit": "ctl"})
+    assert found == Divergence("hit", 1, state_at=5, packed=(2, 2), first_forward=True)

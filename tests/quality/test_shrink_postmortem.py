@@ -95,6 +95,11 @@ def test_postmortem_names_the_cause_with_windows_and_slot_stories(transfer_run):
         assert story["rows"][0]["type"] == "alloc" and story["rows"][-1]["type"] == "restore_read"
     assert "VERDICTS: " in text and "CORRUPTED hit" in text and "SLOT " in text
     assert (transfer_run / "report" / "report.html").exists()
+    for verdict in pm["verdicts"]:  # the poisoned restore parts each hit's state from its control at its first forward
+        parted = verdict["parted"]
+        assert parted["state_at"] > parted["restored_at"] and parted["first_forward"], parted
+        assert parted["packed"][1] == 1 and parted["token"] == 0  # a control runs alone; the first token differs
+        assert f"{parted['text']} [control {parted['control']}]" in text
 
 
 def test_shrink_and_postmortem_refuse_what_they_cannot_do(tmp_path):
