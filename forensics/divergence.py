@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Divergence", "divergences"]
+from forensics.ledger import streams
+
+__all__ = ["Divergence", "divergences", "partings"]
 
 Row = Mapping[str, Any]
 
@@ -49,6 +51,13 @@ class Divergence:
     token: int | None = None
     restored_at: int | None = None
     first_forward: bool = False
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> Divergence:
+        """A divergence from its ``asdict`` form (JSON: ``packed`` a list), other keys ignored."""
+        known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+        packed = known.get("packed")
+        return cls(**{**known, "packed": None if packed is None else tuple(packed)})
 
     @property
     def parted(self) -> bool:
@@ -88,6 +97,25 @@ def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[st
         packed = None if state_at is None else (ours.packed(written[state_at]), theirs.packed(other[state_at]))
         found.append(Divergence(rid, len(common), state_at, packed, _first_token(logits, rid),
                                 ours.restored.get(rid), state_at is not None and state_at == min(written)))
+    return found
+
+
+def partings(ledger: Iterable[Row], controls: Mapping[str, str], *,
+             logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None) -> list[dict[str, Any]]:
+    """For each request of ``controls`` (request -> its cold control's request) whose live slot the ledger shows
+    written in both runs, where it first parted from its control: the ``Divergence`` as a dict (``from_dict`` reads
+    it back), with ``control``. ``ledger``: the rows of a whole run, every engine stream (a request is compared in
+    its own stream against its control's, so a batch's items are counted where it ran)."""
+    by_stream = streams(ledger)
+    stream_of = {row["rid"]: key for key, rows in by_stream.items() for row in rows if row["type"] == "slot_write"}
+    groups: dict[tuple, dict[str, str]] = {}
+    for request, control in controls.items():
+        if request in stream_of and control in stream_of:
+            groups.setdefault((stream_of[request], stream_of[control]), {})[request] = control
+    found = []
+    for (ours, theirs), pairs in groups.items():
+        for d in divergences(by_stream[ours], by_stream[theirs], pairs=pairs, logits=logits):
+            found.append({**asdict(d), "control": pairs[d.rid]})
     return found
 
 

@@ -7,8 +7,8 @@ read, written as ``postmortem.json``), ``render`` the text::
     header          run, target, faults, seeds, counts
     verdicts        one row per corrupted request: verdict, sticky window, oracles that fired
     parted          per corrupted request with a cold control: where its live state (or, with every state
-                    equal, its logits) first parted from the control's (``forensics.divergence``): what
-                    the attribution's "state-clean, look elsewhere" points at
+                    equal, its logits) first parted from the control's (``forensics.divergence``, in
+                    attribution.json): what the attribution's "state-clean, look elsewhere" points at
     hypotheses      each cause confirmed / falsified / untested, with the count that says so
     windows         per sticky window (a donation, until the same prefix is donated again): the
                     donation, every write to its slot, every restore from it and whether that
@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from forensics.divergence import divergences
+from forensics.divergence import Divergence
 from forensics.ledger import streams
 from forensics.records import fold_history
 from forensics.rundir import RunDir
@@ -51,10 +50,8 @@ def describe_row(row: Row) -> str:
     return f"seq {row.get('seq', '?'):>5} step {row.get('step', '?'):>4}  {row['type']:<16} {' '.join(fields)}"
 
 
-def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = None,
-          controls: Mapping[str, str] | None = None, max_rows: int = 60) -> dict:
-    """The post-mortem structure of ``run_dir``; ``fired``: request -> the oracles that fired on it; ``controls``:
-    request -> its cold control's request (where the two parted is then told).
+def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = None, max_rows: int = 60) -> dict:
+    """The post-mortem structure of ``run_dir``; ``fired``: request -> the oracles that fired on it.
 
     Raises FileNotFoundError when the run has not been analysed (no attribution.json)."""
     run_dir = Path(run_dir)
@@ -70,7 +67,7 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
                  "hit": records[v["request"]].hit if v["request"] in records else None,
                  "fired": list(fired.get(v["request"], ())), "note": _note(v), "evidence": v["evidence"]}
                 for v in attribution["verdicts"]]
-    parted = _partings({v["request"]: (controls or {}).get(v["request"]) for v in verdicts}, records, by_stream)
+    parted = {p["rid"]: p for p in attribution.get("parted", ())}
     for v in verdicts:
         v["parted"] = parted.get(v["request"])
     windows, slots = [], {}
@@ -89,29 +86,6 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
     return {"run": str(run_dir.resolve()), "target": dict(run.meta.target), "faults": list(run.meta.faults),
             "seeds": dict(run.meta.seeds), "counts": summary.get("counts", {}), "verdicts": verdicts,
             "hypotheses": attribution["hypotheses"], "windows": windows, "slots": list(slots.values())}
-
-
-def _partings(controls: Mapping[str, str | None], records: Mapping[str, Any],
-              by_stream: Mapping[tuple, Sequence[Row]]) -> dict[str, dict]:
-    """request -> where it first parted from its control (``Divergence`` as a dict, with ``text``), for every
-    request whose control is known and whose live slot both ledgers' streams wrote."""
-    stream_of = {row["rid"]: key for key, rows in by_stream.items() for row in rows if row["type"] == "slot_write"}
-    groups: dict[tuple, dict[str, str]] = {}
-    for request, control in controls.items():
-        if control is not None and request in stream_of and control in stream_of:
-            groups.setdefault((stream_of[request], stream_of[control]), {})[request] = control
-    found = {}
-    for (ours, theirs), pairs in groups.items():
-        logits = {r: (_checks(records.get(r)), _checks(records.get(c))) for r, c in pairs.items()}
-        for d in divergences(by_stream[ours], by_stream[theirs], pairs=pairs, logits=logits):
-            found[d.rid] = {**asdict(d), "control": pairs[d.rid], "text": d.describe()}
-    return found
-
-
-def _checks(record: Any) -> tuple[int, ...]:
-    """A record's per-token logits checks, when its target reported them (``forensic.logit_checks``)."""
-    end = None if record is None else record.end
-    return tuple(((end or {}).get("forensic") or {}).get("logit_checks") or ())
 
 
 def _length(story: Mapping[str, Any]) -> int:
@@ -202,7 +176,7 @@ def render(pm: Mapping[str, Any]) -> str:
     parted = [v["parted"] for v in verdicts if v.get("parted")]
     if parted:
         lines += ["", "WHERE EACH PARTED FROM ITS COLD CONTROL (the first difference of the two ledgers)"]
-        lines += [f"  {p['text']} [control {p['control']}]" for p in parted]
+        lines += [f"  {Divergence.from_dict(p).describe()} [control {p['control']}]" for p in parted]
     lines += ["", "HYPOTHESES"]
     lines += _table(["hypothesis", "status", "evidence", "cause"],
                     [[h["hypothesis"], h["status"], h["detail"], h["description"]] for h in pm["hypotheses"]])
@@ -231,9 +205,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def write_postmortem(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = None,
-                     controls: Mapping[str, str] | None = None, max_rows: int = 60) -> tuple[str, dict]:
+                     max_rows: int = 60) -> tuple[str, dict]:
     """Write ``postmortem.txt`` and ``postmortem.json`` into the run directory; returns (text, structure)."""
-    pm = build(run_dir, fired=fired, controls=controls, max_rows=max_rows)
+    pm = build(run_dir, fired=fired, max_rows=max_rows)
     text = render(pm)
     (Path(run_dir) / "postmortem.txt").write_text(text)
     (Path(run_dir) / "postmortem.json").write_text(json.dumps(pm, indent=1, default=str) + "\n")

@@ -186,7 +186,7 @@ def postmortem(run_dir, max_rows, report):
     try:
         analysis, _, _ = judge(run_dir)
         fired = {row.request: row.fired for row in analysis.corrupted}
-        text, _ = write_postmortem(run_dir, fired=fired, controls=analysis.controls(), max_rows=max_rows)
+        text, _ = write_postmortem(run_dir, fired=fired, max_rows=max_rows)
     except (ValueError, FileNotFoundError) as err:
         raise click.UsageError(str(err)) from None
     click.echo(text, nl=False)

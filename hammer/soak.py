@@ -24,15 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forensics import RunDir
+from forensics import RunDir, fold_history
+from forensics.divergence import partings
 from forensics.ledger import attribute_streams
 from hammer.interpreter import run_ops
 from hammer.junit import Case, write_suite
 from hammer.patterns import Op, with_controls
 from hammer.probing import source_ops
 from hammer.targets import Target
-from probes import Analysis, check_history, check_run
+from probes import Analysis, check_history
 from probes.seeding import stable_seed
+from probes.verdicts import check_fold
 
 __all__ = ["SCHEDULE", "SoakPlan", "judge", "next_round", "round_ops", "run_soak", "write_junit"]
 
@@ -107,17 +109,25 @@ def _within(plan: SoakPlan, sent: int, started: float) -> bool:
 
 
 def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict[str, Any], int]:
-    """Check the stored history, attribute corrupted hits from the ledger, write summary.json and
-    attribution.json; returns (analysis, summary, exit code). Works on partial runs."""
+    """Check the stored history, attribute corrupted hits from the ledger (and say where each parted from its cold
+    control), write summary.json and attribution.json; returns (analysis, summary, exit code). Works on partial
+    runs."""
     run = RunDir.open(run_dir)
-    analysis = check_run(run_dir, exact=run.meta.exact)
+    fold = fold_history(run.history())
+    analysis = check_fold(fold, exact=run.meta.exact)
     counts = dict(analysis.counts)
     hits, corrupted_hits = counts.get("hits", 0), counts.get("corrupted_hits", 0)
     rate = corrupted_hits / hits if hits else 0.0
     corrupted = [row.request for row in analysis.corrupted]
     echo = [row.request for row in analysis.corrupted if "echo" in row.fired]
-    attribution = attribute_streams(run.ledger(), corrupted, echo_failed=echo)
-    (Path(run_dir) / "attribution.json").write_text(json.dumps(attribution.as_dict(), indent=2) + "\n")
+    ledger = list(run.ledger())
+    attribution = attribute_streams(ledger, corrupted, echo_failed=echo)
+    controls = {request: control for request, control in analysis.controls().items() if request in corrupted}
+    parted = partings(ledger, controls, logits={request: (_logit_checks(fold.records.get(request)),
+                                                          _logit_checks(fold.records.get(control)))
+                                                for request, control in controls.items()})
+    (Path(run_dir) / "attribution.json").write_text(json.dumps({**attribution.as_dict(), "parted": parted},
+                                                               indent=2) + "\n")
     # A corrupted request that is no hit (cold corruption: the reference itself is in doubt) always fails.
     cold_corrupted = len(corrupted) > corrupted_hits
     code = EXIT_CORRUPTED if (corrupted_hits and rate > max_rate) or cold_corrupted else EXIT_CLEAN
@@ -131,6 +141,12 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
                "anomalies": list(analysis.anomalies)[:50]}
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return analysis, summary, code
+
+
+def _logit_checks(record: Any) -> tuple[int, ...]:
+    """A request's per-token logits checks, when its target reported them (``forensic.logit_checks``)."""
+    end = None if record is None else record.end
+    return tuple(((end or {}).get("forensic") or {}).get("logit_checks") or ())
 
 
 def write_junit(analysis: Analysis, path: str | Path, *, name: str = "hammer") -> Path:

@@ -1,5 +1,7 @@
 """forensics.divergences: where a hit first parts from its cold run, from two ledgers (sim device and rows)."""
 
+import dataclasses
+import json
 import random
 
 from forensics.divergence import Divergence, divergences
@@ -98,3 +100,9 @@ def test_a_request_is_compared_with_the_control_it_is_paired_with():
     assert divergences(run, control) == []
     (found,) = divergences(run, control, pairs={"hit": "ctl"})
     assert found == Divergence("hit", 1, state_at=5, packed=(2, 2), first_forward=True)
+
+
+def test_a_divergence_reads_back_from_its_json_form():
+    """attribution.json holds divergences as dicts (``packed`` a list): ``from_dict`` gives the same one back."""
+    found = Divergence("a", 3, state_at=66, packed=(3, 2), token=1, restored_at=64, first_forward=True)
+    assert Divergence.from_dict({**json.loads(json.dumps(dataclasses.asdict(found))), "control": "c"}) == found

@@ -14,6 +14,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from forensics.divergence import Divergence
 from hammer.cli import main
 
 SOAK = ["soak", "--pattern", "follow-up", "--requests", "16", "--round-size", "16", "--overlap", "--page-size", "1",
@@ -99,7 +100,7 @@ def test_postmortem_names_the_cause_with_windows_and_slot_stories(transfer_run):
         parted = verdict["parted"]
         assert parted["state_at"] > parted["restored_at"] and parted["first_forward"], parted
         assert parted["packed"][1] == 1 and parted["token"] == 0  # a control runs alone; the first token differs
-        assert f"{parted['text']} [control {parted['control']}]" in text
+        assert f"{Divergence.from_dict(parted).describe()} [control {parted['control']}]" in text
 
 
 def test_shrink_and_postmortem_refuse_what_they_cannot_do(tmp_path):
