@@ -89,3 +89,23 @@ def test_dtype_reaches_every_cell(tmp_path):
     run = matrix["cells"][0]["run"]
     meta = json.loads((Path(run) / "meta.json").read_text())
     assert meta["engine"]["dtype"] == "bfloat16" and meta["target"]["exact"] is False
+
+
+def test_each_fault_parts_its_hits_from_their_controls_where_its_mechanism_acts(matrix):
+    """attribution.json says where each corrupted hit first parted from its cold control (the two ledgers): a fault
+    on the restore path (wrong bytes restored: transfer, a raced restore, a snapshot nobody wrote, an evicted one)
+    at the end of the hit's first forward after the restore, every time; a shared page written in place at a later
+    forward, every time (a decode step reads the overwritten keys); stale decode metadata at a later forward at
+    least once."""
+    _, out = matrix
+
+    def where(cell):
+        (path,) = (out / cell.replace("=", "-") / "last").resolve().glob("attribution.json")
+        parted = json.loads(path.read_text())["parted"]
+        assert parted, cell
+        return [None if p["state_at"] is None else "first" if p["first_forward"] else "later" for p in parted]
+
+    for cell in ("donate=transfer", "admission_barrier=off", "track_writer=off", "evict_locked=on"):
+        assert set(where(cell)) == {"first"}, cell
+    assert set(where("page_cow=off")) == {"later"}
+    assert "later" in where("metadata_fence=off")
