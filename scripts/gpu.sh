@@ -4,7 +4,8 @@
 #   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | engine | decode | prefill | kernels
 #
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
-#   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda, then
+#   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda (where each differing
+#              hit parted from its cold run), then
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
 #   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
 #              off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
@@ -46,7 +47,7 @@ case "$part" in
         step 540 tests python3 -m pytest -q -p no:cacheprovider tests/gpu ;;
     exactness)
         step 90 invariance python3 benchmarks/gpu_invariance.py --out "$out/gpu_invariance.json"
-        step 120 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 \
+        step 120 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json"
         step 400 mechanisms python3 benchmarks/fault_mechanisms.py --device cuda --requests 24 --device-seeds 0 1 2 \
             --out "$out/fault_mechanisms_cuda.json" ;;
@@ -54,7 +55,7 @@ case "$part" in
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json"
-        step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 \
+        step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json" ;;
     decode)
         step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-gdn1 \
