@@ -40,6 +40,7 @@ import torch
 
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 from mini_engine.model import build_builtin
+from mini_engine.model.builtin import QWEN35_08B
 
 LEDGER = "ledger"  # not an engine option: run with an instrumentation sink (every slot event + its checksum)
 MODES = {
@@ -122,7 +123,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/engine_throughput.json")
     args = parser.parse_args()
     args.modes = args.modes or [m for m in MODES if args.device == "cuda" or m != "copy, overlap, reference prefill"]
-    model = build_builtin() if args.shape == "tiny" else _shape_08b_model()
+    model = build_builtin() if args.shape == "tiny" else build_builtin(QWEN35_08B)
     if args.device == "cuda":  # once, not per engine: an engine uses a model already where and as it wants it
         model = model.cuda().cast_projections(getattr(torch, args.dtype))
     settings = dict(device=args.device, dtype=args.dtype, max_tokens=args.max_tokens)
@@ -235,16 +236,6 @@ def checksum_rate(nbytes: int = 1 << 30) -> float:
 def _median_run(runs: list[dict]) -> dict:
     """The run of median time (the upper middle of an even count)."""
     return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
-
-
-def _shape_08b_model():
-    """The random Qwen3.5-0.8B-shaped model of ``gpu_engine.py`` (float32 here; the engine casts to its dtype)."""
-    from gpu_engine import shape_08b  # a sibling script: benchmarks/ is on sys.path when run as a script
-
-    from mini_engine.model import HybridModel
-    from mini_engine.model.builtin import init_weights
-
-    return init_weights(HybridModel(shape_08b()))
 
 
 if __name__ == "__main__":

@@ -14,9 +14,12 @@ each) on ``--device`` and counts, per cell, over the hammer and control engines:
 On cuda, ``--device-seeds 0 1 2`` runs the matrix once per seed: 0 leaves the GPU its own timing,
 any other seed adds the stream-delay nemesis (``mini_engine.device.cuda``), which moves only *when*
 each stream reaches its ops, so an unfenced pair of ops on two streams meets in either order.
+``--model qwen3.5-0.8b-shaped-random --dtype bfloat16`` runs the cells at a production model's size,
+whose donation clones copy 19 MB a slot on the copy stream (the tiny model's: 0.1 MB), so an
+unfenced upload queued behind them lands later on the GPU's own timing.
 
 Usage: ``python benchmarks/fault_mechanisms.py [--device sim|cuda] [--requests 60] [--device-seeds 0 1]
-[--out FILE]``.
+[--model NAME] [--dtype float32|bfloat16] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -56,18 +59,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--device-seeds", type=int, nargs="+", default=[0],
                         help="one matrix per seed (on cuda, 0: the GPU's own timing; others: the stream-delay nemesis)")
+    parser.add_argument("--model", default=None, help="the engine's model (default: the engine's, probe-tiny)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = []
     for device_seed in args.device_seeds:
         with tempfile.TemporaryDirectory() as folder:
-            matrix = json.loads(run_matrix(select(CELLS), folder, requests=args.requests, device=args.device,
-                                           device_seed=device_seed, echo=lambda _line: None).read_text())
+            matrix = json.loads(run_matrix(select(CELLS), folder, requests=args.requests, model=args.model,
+                                           device=args.device, device_seed=device_seed, dtype=args.dtype,
+                                           echo=lambda _line: None).read_text())
             rows += [{"cell": cell["name"], "device_seed": device_seed, "seconds": cell["seconds"],
                       "exit_code": cell["exit_code"], **mechanism_counts(Path(cell["run"]) / "ledger.jsonl")}
                      for cell in matrix["cells"]]
-    print(f"device {args.device}, {args.requests} hammer requests per cell (and their controls); "
-          f"hammer exit 1 = corruption found")
+    print(f"device {args.device}, model {args.model or 'default'} ({args.dtype or 'float32'}), {args.requests} "
+          f"hammer requests per cell (and their controls); hammer exit 1 = corruption found")
     print(f"{'cell':<20}{'seed':>5}{'restores':>9}{'changed after donation':>24}{'decode steps':>14}"
           f"{'stale metadata':>16}{'exit':>6}")
     for r in rows:
@@ -75,7 +81,8 @@ def main() -> None:
               f"{r['decode_steps']:>14}{r['decode_steps_stale']:>16}{r['exit_code']:>6}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": args.device, "requests": args.requests, "cells": rows}, f, indent=2)
+            json.dump({"device": args.device, "model": args.model, "dtype": args.dtype, "requests": args.requests,
+                       "cells": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

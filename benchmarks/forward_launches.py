@@ -39,10 +39,10 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from engine_throughput import _shape_08b_model  # noqa: E402  (a sibling script: benchmarks/ is on sys.path)
 
 from mini_engine.constants import GDN_STEPS  # noqa: E402
 from mini_engine.model import build_builtin  # noqa: E402
+from mini_engine.model.builtin import QWEN35_08B  # noqa: E402
 
 # aten ops that launch nothing on a device: views, allocations, conversions that are no-ops here
 NOT_LAUNCHES = frozenset(
@@ -172,7 +172,7 @@ def main() -> None:
     if args.shape == "0.8b" and args.step == "forward":
         parser.error("--shape 0.8b: with --step decode or prefill-op (short items: a long forward of it takes the "
                      "interpreter too long)")
-    model = build_builtin() if args.shape == "tiny" else _shape_08b_model()
+    model = build_builtin() if args.shape == "tiny" else build_builtin(QWEN35_08B)
     prefixes = args.prefix or [0] * len(args.lengths)
     if len(prefixes) != len(args.lengths) or any(p % 64 or p < 0 for p in prefixes):
         parser.error(f"--prefix: one non-negative 64-multiple per --lengths entry; got {prefixes}")

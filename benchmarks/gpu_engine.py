@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import sys
 import tempfile
@@ -45,24 +46,18 @@ sys.modules.setdefault("fla", None)  # transformers' torch path, as the referenc
 import torch  # noqa: E402
 
 from mini_engine.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from mini_engine.model import ByteTokenizer, HybridModel, load_pretrained  # noqa: E402
-from mini_engine.model.builtin import init_weights  # noqa: E402
-from mini_engine.model.config import FULL, LINEAR, ModelConfig  # noqa: E402
+from mini_engine.model import HybridModel, load_pretrained  # noqa: E402
+from mini_engine.model.builtin import QWEN35_08B, QWEN35_VOCAB, builtin_config, init_weights  # noqa: E402
+from mini_engine.model.config import ModelConfig  # noqa: E402
 from mini_engine.model.loader import save_pretrained  # noqa: E402
 
 
-QWEN35_VOCAB = 248_320  # Qwen3.5's vocabulary: the 0.5 GB (bf16) tied embedding and head of the real 0.8B model
-
-
 def shape_08b(vocab: int | None = None) -> ModelConfig:
-    """The issue's shape over the byte tokenizer's vocabulary, or ``vocab`` ids (``QWEN35_VOCAB``: the real
-    model's, whose tied embedding and head make up the 1.6 GB the issue's roofline counts)."""
-    tokenizer = ByteTokenizer()
-    return ModelConfig(vocab_size=vocab or tokenizer.vocab_size, hidden_size=1024, intermediate_size=3584,
-                       layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 6, num_attention_heads=8, num_key_value_heads=2,
-                       head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-                       linear_value_head_dim=128, tie_word_embeddings=True, max_position_embeddings=8192,
-                       eos_token_id=tokenizer.eos_token_ids, name="qwen3.5-0.8b-shaped-random")
+    """The issue's shape (the built-in ``QWEN35_08B``) over the byte tokenizer's vocabulary, or ``vocab`` ids
+    (``QWEN35_VOCAB``: the real model's, whose tied embedding and head make up the 1.6 GB the issue's roofline
+    counts)."""
+    config = builtin_config(QWEN35_08B)
+    return config if vocab is None else dataclasses.replace(config, vocab_size=vocab)
 
 
 def prompts(batch: int, length: int) -> list[list[int]]:

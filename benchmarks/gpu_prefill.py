@@ -28,12 +28,14 @@ import time
 from contextlib import contextmanager
 
 import torch
+from gpu_engine import (
+    prompts,  # a sibling script: benchmarks/ is on sys.path when run as a script
+)
 
-from gpu_engine import prompts, shape_08b  # a sibling script: benchmarks/ is on sys.path when run as a script
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 from mini_engine.model import HybridModel, build_builtin
 from mini_engine.model import kernels as model_kernels
-from mini_engine.model.builtin import init_weights
+from mini_engine.model.builtin import QWEN35_08B
 from mini_engine.ops.linear import linear as reference_linear
 
 VARIANTS = {"reference": "reference", "triton": "triton", "triton-tiled-gemm": "triton"}  # -> prefill_kernels
@@ -105,7 +107,7 @@ def main() -> None:
         shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes]
     except ValueError:
         parser.error(f"--shapes takes BATCHxTOKENS values such as 8x512; got {args.shapes}")
-    model = init_weights(HybridModel(shape_08b())) if args.shape == "0.8b" else build_builtin()
+    model = build_builtin(QWEN35_08B if args.shape == "0.8b" else "tiny-random")
     model = model.to("cuda" if args.device == "cuda" else "cpu").cast_projections(getattr(torch, args.dtype))
     rows = []
     for batch, length in shapes:

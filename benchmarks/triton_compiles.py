@@ -20,11 +20,12 @@ import time
 import warnings
 
 import torch
+from engine_throughput import LEDGER, MODES, _serve, workload
 from triton.runtime.jit import JITFunction
 
-from engine_throughput import LEDGER, MODES, _serve, _shape_08b_model, workload
 from mini_engine.engine import Engine, EngineConfig
 from mini_engine.model import build_builtin
+from mini_engine.model.builtin import QWEN35_08B
 
 
 def compiled() -> dict[str, int]:
@@ -60,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device (the interpreter compiles nothing)")
-    model = (_shape_08b_model() if args.shape == "0.8b" else build_builtin()).cuda()
+    model = build_builtin(QWEN35_08B if args.shape == "0.8b" else "tiny-random").cuda()
     model = model.cast_projections(getattr(torch, args.dtype))
     rows, before = [], compiled()
     for seed in range(args.seeds):

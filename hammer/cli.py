@@ -27,8 +27,10 @@ from hammer.cli_options import (
     DEVICE_OPTION,
     DEVICE_SEED_OPTION,
     DTYPE_OPTION,
+    MODEL_OPTION,
     REPORT_OPTION,
     check_device,
+    check_model,
     duration,
     parse_settings,
     run_options,
@@ -205,11 +207,12 @@ def postmortem(run_dir, max_rows, report):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the cells' run directories and the combined report go (default runs/matrix-<time>).")
+@MODEL_OPTION
 @DEVICE_OPTION
 @DEVICE_SEED_OPTION
 @DTYPE_OPTION
 @REPORT_OPTION
-def faults(names, budget, requests, quick, seed, out, device, device_seed, dtype, report):
+def faults(names, budget, requests, quick, seed, out, model, device, device_seed, dtype, report):
     """Run every fault (and the clean engine) against the patterns that should expose it; print one table.
 
     Exit 0 when every fault was detected and attributed correctly and the clean cell found nothing,
@@ -220,6 +223,7 @@ def faults(names, budget, requests, quick, seed, out, device, device_seed, dtype
         raise click.BadParameter("--quick sets the request counts; give one of --quick and --requests",
                                  param_hint="--quick")
     check_device(device)
+    check_model(model)
     try:
         cells = select([n for name in names for n in name.split(",") if n])
     except ValueError as err:
@@ -229,8 +233,8 @@ def faults(names, budget, requests, quick, seed, out, device, device_seed, dtype
     click.echo(f"hammer faults: {len(cells)} cell(s), {bound} each, seed {seed} -> {out}")
     try:
         matrix_json = run_matrix(cells, out, seed=seed, budget=None if requests or quick else budget,
-                                 requests=requests, quick=quick, device=device, device_seed=device_seed,
-                                 dtype=dtype, echo=click.echo)
+                                 requests=requests, quick=quick, model=model, device=device,
+                                 device_seed=device_seed, dtype=dtype, echo=click.echo)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     sys.exit(_matrix_report(matrix_json, report))

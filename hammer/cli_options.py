@@ -10,15 +10,23 @@ from pathlib import Path
 import click
 
 __all__ = ["DEFAULT_PATTERNS", "DEVICE_OPTION", "DEVICE_SEED_OPTION", "DTYPE_OPTION", "ENGINE_FLAGS", "HTTP_FLAGS",
-           "REPORT_OPTION", "check_device", "duration", "parse_settings", "run_options", "split_options"]
+           "MODEL_OPTION", "REPORT_OPTION", "check_device", "check_model", "duration", "parse_settings", "run_options",
+           "split_options"]
 
 DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout", "chunk-boundary", "multi-turn",
                     "media-ab", "donate-hit")
-ENGINE_FLAGS = {"faults": "--fault", "overlap": "--overlap", "device": "--device", "device_seed": "--device-seed",
-                "dtype": "--dtype", "max_running": "--max-running", "num_slots": "--num-slots",
-                "num_pages": "--num-pages", "page_size": "--page-size"}
+ENGINE_FLAGS = {"model": "--model", "faults": "--fault", "overlap": "--overlap", "device": "--device",
+                "device_seed": "--device-seed", "dtype": "--dtype", "max_running": "--max-running",
+                "num_slots": "--num-slots", "num_pages": "--num-pages", "page_size": "--page-size"}
 HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model", "control_url": "--control-url",
               "timeout": "--timeout", "exact": "--exact/--inexact"}
+
+
+MODEL_OPTION = click.option(
+    "--model", default=None, metavar="NAME|DIR",
+    help="[embedded] The engine's model: probe-tiny (default, trained), tiny-random, qwen3.5-0.8b-shaped-random (the "
+         "production size, for --device cuda) or a Hugging Face checkpoint folder. [http] The model name to ask for "
+         "(default: the server's first).")
 
 
 def duration(_ctx, _param, value: str | None) -> float | None:
@@ -120,7 +128,7 @@ def run_options(command):
                      help="[http] Sent as 'Authorization: Bearer KEY' (env HAMMER_API_KEY)."),
         click.option("--header", "headers", multiple=True, callback=_headers, metavar="NAME:VALUE",
                      help="[http] An extra request header (repeatable)."),
-        click.option("--model", default=None, help="[http] The model name to ask for (default: the server's first)."),
+        MODEL_OPTION,
         click.option("--control-url", default=None, metavar="URL",
                      help="[http] Run the cold controls here: a second server with its prefix cache off."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
@@ -144,19 +152,32 @@ def check_device(device: str | None) -> None:
         raise click.BadParameter(reason, param_hint="--device")
 
 
+def check_model(name: str | None) -> None:
+    """An embedded engine's --model that names no model is refused before a run directory exists."""
+    from mini_engine.model import check_model_name
+
+    try:
+        check_model_name(name)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--model") from None
+
+
 def split_options(options: dict) -> tuple[dict, dict]:
     """(engine options, HTTP options) for the chosen target; an option of the other target is an error."""
     ctx = click.get_current_context()
     embedded = options["target"] == "embedded"
     given = {name for name in (*ENGINE_FLAGS, *HTTP_FLAGS)
              if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
-    wrong = sorted(given & set(HTTP_FLAGS if embedded else ENGINE_FLAGS))
+    own, other = (ENGINE_FLAGS, HTTP_FLAGS) if embedded else (HTTP_FLAGS, ENGINE_FLAGS)
+    wrong = sorted(given & (set(other) - set(own)))  # --model is both targets' own
     if wrong:
         flags = HTTP_FLAGS if embedded else ENGINE_FLAGS
         raise click.BadParameter(f"{flags[wrong[0]]} applies to the {'http' if embedded else 'embedded'} target "
                                  f"only; this run's --target is {options['target']}", param_hint=flags[wrong[0]])
     engine = {name: options[name] for name in ENGINE_FLAGS if options[name] is not None}
     check_device(engine.get("device"))
+    if embedded:
+        check_model(engine.get("model"))
     if "page_size" in engine:
         engine["page_size"] = int(engine["page_size"])
     return engine, {name: options[name] for name in HTTP_FLAGS if options[name] is not None}

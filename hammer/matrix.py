@@ -117,19 +117,19 @@ def select(names: Iterable[str] | None) -> list[Cell]:
 
 
 def run_matrix(cells: Iterable[Cell], out: str | Path, *, seed: int = 0, budget: float | None = None,
-               requests: int | None = None, quick: bool = False, device: str | None = None,
-               device_seed: int | None = None, dtype: str | None = None,
+               requests: int | None = None, quick: bool = False, model: str | None = None,
+               device: str | None = None, device_seed: int | None = None, dtype: str | None = None,
                echo: Callable[[str], None] = print) -> Path:
     """Run each cell into ``out``/<cell>/, bounded by ``budget`` seconds, by ``requests`` hammer
-    requests, or (``quick``) by the cell's own quick count, on the engine's ``device`` (None: the sim)
-    under ``device_seed`` (None: the engine's default; on cuda a nonzero seed adds the stream-delay
-    nemesis, ``mini_engine.device.cuda``) with ``dtype`` projections (None: the engine's float32);
-    returns the path of ``out``/matrix.json."""
+    requests, or (``quick``) by the cell's own quick count, with the engine's ``model`` (None: its default) on
+    its ``device`` (None: the sim) under ``device_seed`` (None: the engine's default; on cuda a nonzero seed
+    adds the stream-delay nemesis, ``mini_engine.device.cuda``) with ``dtype`` projections (None: the engine's
+    float32); returns the path of ``out``/matrix.json."""
     if sum((budget is not None, requests is not None, quick)) != 1:
         raise ValueError("bound the cells one way: a time budget, a request count, or quick")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"seed": seed, "budget_s": budget, "requests": requests, "quick": quick,
+    record: dict[str, Any] = {"seed": seed, "budget_s": budget, "requests": requests, "quick": quick, "model": model,
                               "device": device or "sim", "device_seed": device_seed, "dtype": dtype or "float32",
                               "cells": []}
     path = out / "matrix.json"
@@ -137,7 +137,8 @@ def run_matrix(cells: Iterable[Cell], out: str | Path, *, seed: int = 0, budget:
         plan = SoakPlan(cell.patterns, seed, round_size=cell.round_size, requests=cell.quick if quick else requests,
                         duration=budget, settings=cell.settings)
         started = time.monotonic()
-        engine = {**cell.engine, "faults": cell.faults, **({"device": device} if device else {}),
+        engine = {**cell.engine, "faults": cell.faults, **({"model": model} if model else {}),
+                  **({"device": device} if device else {}),
                   **({"device_seed": device_seed} if device_seed is not None else {}),
                   **({"dtype": dtype} if dtype else {})}
         run_dir, code, _ = execute(target=EMBEDDED, plan=plan, out=out / _folder(cell.name), engine=engine,

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | engine | decode | prefill | kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | faults | engine | decode | prefill | kernels
 #
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
 #   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda (where each differing
 #              hit parted from its cold run), then
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
+#   faults     benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
+#              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
+#              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis?
 #   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
 #              off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
 #              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence, float32 and bfloat16)
@@ -23,11 +26,12 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh tests|exactness|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    tests|exactness|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (tests | exactness | engine | decode | prefill | kernels)" >&2; exit 2 ;;
+    tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (tests | exactness | faults | engine | decode | prefill | kernels)" >&2
+       exit 2 ;;
 esac
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -51,6 +55,9 @@ case "$part" in
             --out "$out/hit_divergence_cuda.json"
         step 400 mechanisms python3 benchmarks/fault_mechanisms.py --device cuda --requests 24 --device-seeds 0 1 2 \
             --out "$out/fault_mechanisms_cuda.json" ;;
+    faults)
+        step 560 mechanisms_08b python3 benchmarks/fault_mechanisms.py --device cuda --model qwen3.5-0.8b-shaped-random \
+            --dtype bfloat16 --requests 24 --device-seeds 0 1 --out "$out/fault_mechanisms_cuda_08b.json" ;;
     engine)
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \

@@ -8,6 +8,13 @@ so only the reference oracle can judge it.
 (``mini-engine train --recipe probe-tiny``), shipped as a checkpoint inside the package with the
 record of how it was trained (``checkpoints/probe-tiny/training.json``). It answers the probes, so
 ground truth judges the embedded engine as it judges a production model.
+
+``qwen3.5-0.8b-shaped-random`` (``QWEN35_08B``): Qwen3.5-0.8B's shape (hidden 1,024, 24 layers in the 3:1
+pattern, 16 linear key and value heads of 128, 8 query and 2 KV attention heads of 256, intermediate 3,584, a
+tied embedding) with seeded random weights, over the byte tokenizer's ids: 0.5 B parameters, 1.0 GB in
+bfloat16, 19 MB of recurrent state a slot. The engine at a production model's size, for the GPU (building it
+on a CPU takes some seconds and 3 GB); ``QWEN35_VOCAB`` ids instead of the byte tokenizer's give the real
+model's 0.5 GB embedding too (``dataclasses.replace(builtin_config(QWEN35_08B), vocab_size=QWEN35_VOCAB)``).
 """
 
 from __future__ import annotations
@@ -20,7 +27,16 @@ from mini_engine.model.config import FULL, LINEAR, ModelConfig
 from mini_engine.model.hybrid import HybridModel
 from mini_engine.model.tokenizer import ByteTokenizer
 
-__all__ = ["BUILTIN_MODELS", "DEFAULT_MODEL", "PACKAGED_MODELS", "builtin_config", "build_builtin", "init_weights"]
+__all__ = [
+    "BUILTIN_MODELS",
+    "DEFAULT_MODEL",
+    "PACKAGED_MODELS",
+    "QWEN35_08B",
+    "QWEN35_VOCAB",
+    "build_builtin",
+    "builtin_config",
+    "init_weights",
+]
 
 DEFAULT_SEED = 20261202
 # Below 1, so that float32 rounding is not amplified through the layers (measured against float64:
@@ -40,7 +56,22 @@ def _tiny_config() -> ModelConfig:
     )
 
 
-BUILTIN_MODELS = {"tiny-random": _tiny_config}
+QWEN35_08B = "qwen3.5-0.8b-shaped-random"
+QWEN35_VOCAB = 248_320  # Qwen3.5's vocabulary: the real 0.8B model's tied embedding and head, 0.5 GB in bfloat16
+
+
+def _qwen35_08b_config() -> ModelConfig:
+    tokenizer = ByteTokenizer()
+    return ModelConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=1024, intermediate_size=3584,
+        layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 6,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        tie_word_embeddings=True, max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_ids, name=QWEN35_08B,
+    )
+
+
+BUILTIN_MODELS = {"tiny-random": _tiny_config, QWEN35_08B: _qwen35_08b_config}
 PACKAGED_MODELS = {"probe-tiny": Path(__file__).resolve().parent / "checkpoints" / "probe-tiny"}
 DEFAULT_MODEL = "probe-tiny"
 

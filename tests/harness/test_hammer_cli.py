@@ -204,3 +204,26 @@ def test_dtype_reaches_the_engine_and_gives_up_bit_exactness(tmp_path):
     assert meta["target"]["exact"] is False
     refused = CliRunner().invoke(main, ["soak", "--dtype", "bfloat16", "--target", "http://127.0.0.1:1"])
     assert refused.exit_code == 2 and "--dtype applies to the embedded target only" in refused.output
+
+
+@pytest.mark.parametrize("command", [["run", "saturate"], ["faults", "--quick"]])
+def test_an_unknown_model_is_refused_before_anything_runs(command, tmp_path):
+    """--model naming no built-in, packaged model or folder: a usage error naming --model and the models there are;
+    no run directory is made."""
+    result = CliRunner().invoke(main, [*command, "--model", "no-such-model", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "--model" in result.output and "tiny-random" in result.output, result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_model_option_picks_the_embedded_engines_model(tmp_path):
+    """--model tiny-random: the embedded engine runs that model (meta.json's target and engine name it); on the
+    http target the same option names the model to ask for and is no engine option."""
+    result = CliRunner().invoke(main, ["run", "saturate", "--count", "4", "--model", "tiny-random", "--no-report",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "last" / "meta.json").read_text())
+    assert meta["target"]["model"] == meta["engine"]["model"] == "tiny-random"
+    remote = CliRunner().invoke(main, ["run", "saturate", "--target", "http://127.0.0.1:1", "--model", "served-name",
+                                       "--out", str(tmp_path / "remote")])
+    assert remote.exit_code == 2 and "cannot reach http://127.0.0.1:1" in remote.output, remote.output
+    assert "applies to" not in remote.output and "unknown model" not in remote.output

@@ -83,22 +83,26 @@ def record(path: str) -> None:
 
 
 def _exercise() -> None:
-    from benchmarks.gpu_engine import shape_08b
     from mini_engine.device.sim import SimDevice
     from mini_engine.engine.storage import KVStorage, StateStorage
     from mini_engine.model import HybridModel
-    from mini_engine.model.builtin import init_weights
+    from mini_engine.model.builtin import QWEN35_08B, builtin_config, init_weights
     from mini_engine.model.config import FULL, LINEAR
     from mini_engine.model.decode import DecodeModel, Pools, decode_step
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.checksum.triton import checksum_lanes
     from mini_engine.ops.decode_rows import gemm
-    from mini_engine.ops.gated_delta_rule.triton import chunk_gated_delta_rule_triton, walk_configs
-    from mini_engine.ops.gated_delta_rule.triton_decode import fused_recurrent_gated_delta_rule_triton
+    from mini_engine.ops.gated_delta_rule.triton import (
+        chunk_gated_delta_rule_triton,
+        walk_configs,
+    )
+    from mini_engine.ops.gated_delta_rule.triton_decode import (
+        fused_recurrent_gated_delta_rule_triton,
+    )
     from mini_engine.ops.slot_copy.triton import copy_slots
 
-    config = dataclasses.replace(shape_08b(), layer_types=(LINEAR, FULL))
+    config = dataclasses.replace(builtin_config(QWEN35_08B), layer_types=(LINEAR, FULL))
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (70, 5)]
     for dtype in (torch.float32, torch.bfloat16):

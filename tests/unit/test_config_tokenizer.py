@@ -3,9 +3,11 @@
 import dataclasses
 
 import pytest
+import torch
 
-from mini_engine.model import ByteTokenizer, ModelConfig
-from mini_engine.model.builtin import builtin_config
+from mini_engine.model import ByteTokenizer, HybridModel, ModelConfig
+from mini_engine.model.builtin import QWEN35_08B, builtin_config
+from mini_engine.model.config import FULL, LINEAR
 
 
 def tiny(**changes):
@@ -91,3 +93,21 @@ def test_decode_can_render_ids_past_the_vocabulary():
         tok.decode([-1])
     with pytest.raises(ValueError, match="unknown must be one of"):
         ByteTokenizer(unknown="ignore")
+
+
+def test_the_production_sized_builtin_has_qwen35_08bs_shape():
+    """qwen3.5-0.8b-shaped-random: the issue's shape (hidden 1024, 24 layers 3:1, 16 linear key/value heads of 128,
+    8 query / 2 KV heads of 256, intermediate 3584, tied embedding), 0.5 B parameters over the byte vocabulary and
+    19 MB of recurrent state a slot; counted on the meta device (nothing allocated)."""
+    config = builtin_config(QWEN35_08B)
+    assert (config.hidden_size, config.intermediate_size, config.layer_types) == (1024, 3584, (LINEAR,) * 3 + (FULL,)
+                                                                                  + ((LINEAR,) * 3 + (FULL,)) * 5)
+    assert (config.linear_num_key_heads, config.linear_num_value_heads, config.linear_key_head_dim,
+            config.linear_value_head_dim) == (16, 16, 128, 128)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (8, 2, 256)
+    assert config.tie_word_embeddings and config.name == QWEN35_08B
+    with torch.device("meta"):
+        model = HybridModel(config)
+    assert 0.49e9 < sum(p.numel() for p in model.parameters()) < 0.51e9
+    rec = model.new_state().rec  # the slot's recurrent state: 18 linear layers of 16 [128 x 128] float32 states
+    assert rec.numel() * rec.element_size() == 18_874_368

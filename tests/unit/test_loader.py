@@ -73,6 +73,10 @@ def test_broken_folders(tmp_path, saved):
 
 
 def test_unknown_builtin_name():
-    """An unknown name that is not a folder fails with the folder error, naming what was looked for."""
-    with pytest.raises(CheckpointError, match="no config.json"):
+    """An unknown name that is not a folder fails naming the models there are; a folder without a checkpoint
+    fails with the folder error."""
+    with pytest.raises(ValueError, match="unknown model 'no-such-model': give a built-in model \\(tiny-random, "
+                                         "qwen3.5-0.8b-shaped-random\\), a packaged one \\(probe-tiny\\)"):
         load_model("no-such-model")
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_model(".")
