@@ -63,13 +63,14 @@ class Divergence:
     def parted(self) -> bool:
         return self.state_at is not None or self.token is not None
 
-    def describe(self) -> str:
+    def describe(self, run: str = "the run", control: str = "the control") -> str:
+        """One sentence; ``run`` and ``control`` name the two ledgers."""
         who = self.rid if self.restored_at is None else f"{self.rid} (restored at {self.restored_at})"
         if self.state_at is not None:
-            run, control = self.packed or (0, 0)
+            ours, theirs = self.packed or (0, 0)
             which = "its first forward" if self.first_forward else "a later forward"
             return (f"{who}: the live state first differs at position {self.state_at}, the end of {which} (packed "
-                    f"with {run} item(s) in all in the run, {control} in the control)")
+                    f"with {ours} item(s) in all in {run}, {theirs} in {control})")
         if self.token is not None:
             return (f"{who}: the live state is equal at all {self.compared} positions both runs wrote; the logits "
                     f"first differ at output token {self.token}")
@@ -100,23 +101,30 @@ def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[st
     return found
 
 
-def partings(ledger: Iterable[Row], controls: Mapping[str, str], *,
+def partings(ledger: Iterable[Row], controls: Mapping[str, str], *, control_ledger: Iterable[Row] | None = None,
              logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None) -> list[dict[str, Any]]:
-    """For each request of ``controls`` (request -> its cold control's request) whose live slot the ledger shows
+    """For each request of ``controls`` (request -> its control's request) whose live slot the ledgers show
     written in both runs, where it first parted from its control: the ``Divergence`` as a dict (``from_dict`` reads
     it back), with ``control``. ``ledger``: the rows of a whole run, every engine stream (a request is compared in
-    its own stream against its control's, so a batch's items are counted where it ran)."""
-    by_stream = streams(ledger)
-    stream_of = {row["rid"]: key for key, rows in by_stream.items() for row in rows if row["type"] == "slot_write"}
+    its own stream against its control's, so a batch's items are counted where it ran); ``control_ledger``: where
+    the controls ran (default: the same ledger, the harness's cold controls)."""
+    ours_by, theirs_by = streams(ledger), (streams(control_ledger) if control_ledger is not None else None)
+    theirs_by = ours_by if theirs_by is None else theirs_by
+    ours_of, theirs_of = _stream_of(ours_by), _stream_of(theirs_by)
     groups: dict[tuple, dict[str, str]] = {}
     for request, control in controls.items():
-        if request in stream_of and control in stream_of:
-            groups.setdefault((stream_of[request], stream_of[control]), {})[request] = control
+        if request in ours_of and control in theirs_of:
+            groups.setdefault((ours_of[request], theirs_of[control]), {})[request] = control
     found = []
     for (ours, theirs), pairs in groups.items():
-        for d in divergences(by_stream[ours], by_stream[theirs], pairs=pairs, logits=logits):
+        for d in divergences(ours_by[ours], theirs_by[theirs], pairs=pairs, logits=logits):
             found.append({**asdict(d), "control": pairs[d.rid]})
     return found
+
+
+def _stream_of(by_stream: Mapping[tuple, Sequence[Row]]) -> dict[str, tuple]:
+    """rid -> the stream its live slot was written in."""
+    return {row["rid"]: key for key, rows in by_stream.items() for row in rows if row["type"] == "slot_write"}
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,10 @@ def analyze(run_dir, max_rate, junit, report):
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--request", default=None, metavar="ID", help="Replay only this request's round; compare only it.")
 def replay(run_dir, request):
-    """Re-execute an embedded run from its meta.json and check every streamed token is identical."""
+    """Re-execute an embedded run from its meta.json and check every streamed token is identical.
+
+    Tokens are also checked against the logits they were sampled from, where the engine reports them; a
+    difference names the request, the token and where its live state parted from the stored run's."""
     from hammer.replay import replay_run
 
     try:

@@ -137,6 +137,24 @@ def test_replay_names_the_first_token_that_differs(clean_run, tmp_path):
     assert "first difference at token 1" in result.output
 
 
+def test_a_replay_on_the_fixed_engine_names_the_token_and_where_the_state_parted(tmp_path):
+    """A donate=transfer run replayed with the fault taken out of its meta.json (the engine fixed): exit 1 naming
+    the first request whose tokens or logits differ and where its live state parted from the stored run's, at the
+    end of its first forward after the restore (the stored run restored poisoned bytes there)."""
+    stored = CliRunner().invoke(main, ["run", "follow-up", "--count", "16", "--overlap", "--page-size", "1",
+                                       "--num-pages", "8192", "--seed", "3", "--fault", "donate=transfer",
+                                       "--no-report", "--out", str(tmp_path)])
+    assert stored.exit_code == 1, stored.output
+    assert CliRunner().invoke(main, ["replay", str(tmp_path / "last")]).exit_code == 0  # unchanged: identical
+    meta = json.loads((tmp_path / "last" / "meta.json").read_text())
+    meta["engine"]["faults"] = meta["faults"] = []
+    (tmp_path / "last" / "meta.json").write_text(json.dumps(meta))
+    fixed = CliRunner().invoke(main, ["replay", str(tmp_path / "last")])
+    assert fixed.exit_code == 1 and "sampled from other logits" in fixed.output, fixed.output
+    assert "the live state first differs at position" in fixed.output and "the end of its first forward" in fixed.output
+    assert "in the stored run" in fixed.output and "in the replay" in fixed.output
+
+
 @pytest.mark.parametrize("args, option", [
     (["run", "alternate-abandon", "--header", "no-colon", "--target", "http://127.0.0.1:1"], "--header"),
     (["run", "alternate-abandon", "--set", "no-equals"], "--set"),
