@@ -19,7 +19,8 @@
 #   prefill    benchmarks/gpu_prefill.py (the engine's prefill and the model forward: the Triton kernels,
 #              the Triton sequence ops with the tiled reference gemm, the references; a profile) and
 #              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
-#   kernels    benchmarks/gdn_kernels.py and benchmarks/small_kernels.py
+#   kernels    benchmarks/gdn_kernels.py, benchmarks/small_kernels.py and benchmarks/decode_gemms.py (each batch-1
+#              projection of the 0.8B model: cuBLAS on 64 and on 16 rows, its one-row path, the Triton decode gemm)
 #
 # Runs from a plain checkout (PYTHONPATH, no install: the GPU machine has torch, triton, transformers
 # and the harness's dependencies but not this package). Each step is bounded by `timeout` so a slow
@@ -76,6 +77,7 @@ case "$part" in
         step 240 triton_compiles python3 benchmarks/triton_compiles.py --out "$out/triton_compiles.json" ;;
     kernels)
         step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"  # fla: carry fla-core
-        step 240 small_kernels python3 benchmarks/small_kernels.py --out "$out/small_kernels.json" ;;
+        step 180 small_kernels python3 benchmarks/small_kernels.py --out "$out/small_kernels.json"
+        step 100 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json" ;;
 esac
 exit $status
