@@ -71,10 +71,11 @@ class Divergence:
             which = "its first forward" if self.first_forward else "a later forward"
             return (f"{who}: the live state first differs at position {self.state_at}, the end of {which} (packed "
                     f"with {ours} item(s) in all in {run}, {theirs} in {control})")
+        states = (f"the live state is equal at all {self.compared} positions both runs wrote" if self.compared
+                  else "no position was written by both runs")
         if self.token is not None:
-            return (f"{who}: the live state is equal at all {self.compared} positions both runs wrote; the logits "
-                    f"first differ at output token {self.token}")
-        return f"{who}: equal at all {self.compared} positions both runs wrote"
+            return f"{who}: {states}; the logits first differ at output token {self.token}"
+        return f"{who}: {states}"
 
 
 def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[str, str] | None = None,
@@ -108,8 +109,8 @@ def partings(ledger: Iterable[Row], controls: Mapping[str, str], *, control_ledg
     it back), with ``control``. ``ledger``: the rows of a whole run, every engine stream (a request is compared in
     its own stream against its control's, so a batch's items are counted where it ran); ``control_ledger``: where
     the controls ran (default: the same ledger, the harness's cold controls)."""
-    ours_by, theirs_by = streams(ledger), (streams(control_ledger) if control_ledger is not None else None)
-    theirs_by = ours_by if theirs_by is None else theirs_by
+    ours_by = streams(ledger)
+    theirs_by = ours_by if control_ledger is None else streams(control_ledger)
     ours_of, theirs_of = _stream_of(ours_by), _stream_of(theirs_by)
     groups: dict[tuple, dict[str, str]] = {}
     for request, control in controls.items():

@@ -84,6 +84,13 @@ class RequestRecord:
         return None if self.end is None else self.end.get("cached_tokens")
 
     @property
+    def logit_checks(self) -> tuple[int, ...] | None:
+        """The check of the logits each output token was sampled from, when the target reported them
+        (``forensic.logit_checks``: the embedded engine's), else None."""
+        checks = ((self.end or {}).get("forensic") or {}).get("logit_checks")
+        return None if checks is None else tuple(checks)
+
+    @property
     def hit(self) -> bool | None:
         """cached_tokens > 0; None when the target did not report cached_tokens."""
         cached = self.cached_tokens

@@ -27,13 +27,8 @@ __all__ = ["replay_run", "token_streams"]
 
 def token_streams(run: RunDir) -> dict[str, tuple]:
     """request -> (token ids streamed, how it ended, the logits check of each token or None) of a stored history."""
-    return {rid: (tuple(d.token_id for d in record.tokens), record.outcome, _logit_checks(record))
+    return {rid: (tuple(d.token_id for d in record.tokens), record.outcome, record.logit_checks)
             for rid, record in fold_history(run.history()).records.items()}
-
-
-def _logit_checks(record) -> tuple[int, ...] | None:
-    checks = ((record.end or {}).get("forensic") or {}).get("logit_checks")
-    return None if checks is None else tuple(checks)
 
 
 def _rounds(run: RunDir) -> dict[str, int]:

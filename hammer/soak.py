@@ -123,8 +123,8 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
     ledger = list(run.ledger())
     attribution = attribute_streams(ledger, corrupted, echo_failed=echo)
     controls = {request: control for request, control in analysis.controls().items() if request in corrupted}
-    parted = partings(ledger, controls, logits={request: (_logit_checks(fold.records.get(request)),
-                                                          _logit_checks(fold.records.get(control)))
+    parted = partings(ledger, controls, logits={request: (fold.records[request].logit_checks or (),
+                                                          fold.records[control].logit_checks or ())
                                                 for request, control in controls.items()})
     (Path(run_dir) / "attribution.json").write_text(json.dumps({**attribution.as_dict(), "parted": parted},
                                                                indent=2) + "\n")
@@ -141,12 +141,6 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
                "anomalies": list(analysis.anomalies)[:50]}
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return analysis, summary, code
-
-
-def _logit_checks(record: Any) -> tuple[int, ...]:
-    """A request's per-token logits checks, when its target reported them (``forensic.logit_checks``)."""
-    end = None if record is None else record.end
-    return tuple(((end or {}).get("forensic") or {}).get("logit_checks") or ())
 
 
 def write_junit(analysis: Analysis, path: str | Path, *, name: str = "hammer") -> Path:

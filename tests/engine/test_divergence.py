@@ -88,9 +88,12 @@ def test_the_first_parting_position_counts_and_the_last_write_of_a_position_wins
 
 
 def test_a_run_that_stops_early_parts_at_its_first_missing_token():
-    """Checks of unequal lengths agreeing as far as both go part at the shorter one's end."""
+    """Checks of unequal lengths agreeing as far as both go part at the shorter one's end; with no position written
+    by both runs, the sentence says so."""
     (found,) = divergences([row("a", 1, 1)], [row("a", 1, 1)], logits={"a": ([1, 2], [1, 2, 3])})
     assert found.token == 2
+    (blind,) = divergences([row("a", 1, 1)], [row("a", 2, 1)], logits={"a": ([1], [2])})
+    assert blind == Divergence("a", 0, token=0) and "no position was written by both runs" in blind.describe()
 
 
 def test_a_request_is_compared_with_the_control_it_is_paired_with():
