@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: tests | exactness | faults | engine | decode | prefill | kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: regressions | tests | exactness | faults | engine | decode | prefill | kernels
 #
+#   regressions  the GPU tests that failed on the H200 last (session 7) and their suspects, each run twice: a
+#              sequence's bits alone and packed (the prefill walk's tile, fixed in c08cef3), the running copy
+#              against the replay, the serial engine's hits with the reference decode (its failure says where
+#              each differing hit parted from its cold run)
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
 #   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda (where each differing
 #              hit parted from its cold run), then
@@ -27,11 +31,12 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (tests | exactness | faults | engine | decode | prefill | kernels)" >&2
+    regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (regressions | tests | exactness | faults | engine | decode | prefill |" \
+            "kernels)" >&2
        exit 2 ;;
 esac
 mkdir -p "$out"
@@ -48,6 +53,13 @@ step() {  # step SECONDS NAME COMMAND...: run, log to OUT_DIR/NAME.log, remember
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 case "$part" in
+    regressions)
+        for attempt in 1 2; do
+            step 240 "regressions_$attempt" python3 -m pytest -q -p no:cacheprovider \
+                "tests/gpu/test_gdn_triton_gpu.py::test_a_sequences_bits_do_not_depend_on_the_batch" \
+                "tests/gpu/test_decode_step_cuda.py::test_the_running_copy_gives_the_replays_bits_on_the_gpu" \
+                "tests/gpu/test_engine_cuda.py::test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu"
+        done ;;
     tests)
         step 540 tests python3 -m pytest -q -p no:cacheprovider tests/gpu ;;
     exactness)
