@@ -217,7 +217,7 @@ def causal_conv1d(
         conv_pool=conv_pool, slot_indices=slot_indices)
     silu = _silu_flag(activation)
     cu = upload(cu_seqlens, x.device)
-    out = torch.empty_like(x)
+    out = _new_output(x)
     n_tokens = x.shape[0]
     block_c = min(MAX_BLOCK_C, triton.next_power_of_2(channels))
     has_state = source is not None
@@ -256,7 +256,7 @@ def causal_conv1d_update(
         batch=batch, channels=channels, width=width, device=x.device, initial_state=state,
         conv_pool=conv_pool, slot_indices=slot_indices)
     silu = _silu_flag(activation)
-    out = torch.empty_like(x)
+    out = _new_output(x)
     block_c = min(MAX_BLOCK_C, triton.next_power_of_2(channels))
     if batch:
         _update_kernel[(batch, triton.cdiv(channels, block_c))](
@@ -264,3 +264,10 @@ def causal_conv1d_update(
             *x.stride(), *weight.stride(), *out.stride(), *source.stride(), *final.stride(),
             WIDTH=width, SILU=silu, BLOCK_C=block_c, BLOCK_W=triton.next_power_of_2(width - 1))
     return ConvResult(out, None if in_place else final)
+
+
+def _new_output(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor shaped like ``x``. Not ``empty_like``: of a one-row view (a pack of one decode row, sliced
+    out of a fused projection) it keeps the view's row stride, and a stride is part of a Triton kernel's compile
+    key (divisible by 16 or not), so a pack of one row would run other compiled kernels than any other pack."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -1,0 +1,86 @@
+"""A Triton prefill compiles the same kernels whatever the batch: no launch's specialisation follows the pack.
+
+Triton compiles a kernel once per *specialisation* of its arguments: an integer divisible by 16 or equal to 1, a
+pointer on a 16-byte boundary (``native_specialize_impl``; ``do_not_specialize`` opts out). Two specialisations
+are two programs, and the compiler may lay a tile out otherwise in each (a load's vector width follows the
+alignment it can prove), so a reduction may add in another order: a sequence's bits would then follow what it
+was packed with, on a GPU only (the interpreter runs every program the same way). Here every launch of the
+Triton forward is recorded, not run, for packs of one decode row, one prompt, and several sequences mid-chunk,
+and each launch site (kernel, constexprs, options and the engine's calling lines) must meet one specialisation.
+"""
+
+import inspect
+import traceback
+
+import torch
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.runtime.interpreter import InterpretedFunction
+
+from mini_engine.model import build_builtin
+
+BACKEND = type(make_backend(GPUTarget("cuda", 90, 32)))  # the H200's specialisation rules, on the CPU
+
+
+def _specialisation(fn, kwargs_of_kernel: dict, args: tuple, kwargs: dict) -> tuple:
+    """(the launch site, the specialisation Triton would compile for it on the GPU)."""
+    parameters = list(inspect.signature(fn).parameters.values())
+    values = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    values.update(zip((p.name for p in parameters), args))
+    values.update({k: v for k, v in kwargs.items() if k in values or k in {p.name for p in parameters}})
+    plain = set(kwargs_of_kernel.get("do_not_specialize") or ())
+    unaligned = set(kwargs_of_kernel.get("do_not_specialize_on_alignment") or ())
+    constexprs, specialised = [], []
+    for i, p in enumerate(parameters):
+        if "constexpr" in str(p.annotation):
+            constexprs.append((p.name, repr(values[p.name])))
+        else:
+            kind, attribute = native_specialize_impl(BACKEND, values[p.name], False, not ({p.name, i} & plain),
+                                                     not ({p.name, i} & unaligned))
+            specialised.append((p.name, str(kind), str(attribute)))
+    calling = tuple(f"{frame.filename.split('mini_engine/')[-1]}:{frame.lineno}" for frame in traceback.extract_stack()
+                    if "mini_engine/" in frame.filename)
+    options = tuple(sorted((k, v) for k, v in kwargs.items() if k in ("num_warps", "num_stages")))
+    return (fn.__module__, fn.__name__, tuple(constexprs), options, calling), tuple(specialised)
+
+
+def test_a_triton_forward_compiles_one_specialisation_per_launch_site_whatever_the_pack(monkeypatch):
+    """Packs of one decode row (a pack of one row makes views whose strides are otherwise free), one prompt, and
+    four sequences (two continuing mid-chunk with pending rows, one decode row): every launch site meets one
+    specialisation."""
+    seen: dict[tuple, dict[tuple, str]] = {}
+    pack = ""
+
+    def record(self, *args, grid, warmup, **kwargs):
+        site, specialised = _specialisation(self.fn, self.kwargs, args, kwargs)
+        seen.setdefault(site, {}).setdefault(specialised, pack)
+
+    monkeypatch.setattr(InterpretedFunction, "run", record)
+    model = build_builtin("tiny-random")
+    gen = torch.Generator().manual_seed(0)
+
+    def tokens(n):
+        return torch.randint(0, 256, (n,), generator=gen)
+
+    def forward(name, prompts, states):
+        nonlocal pack
+        pack = name
+        return [out.state for out in model(prompts, states, kernels="triton", snapshots="last")]
+
+    forward("one row", [tokens(1)], [model.new_state()])
+    started = forward("one prompt", [tokens(100), tokens(70)], [model.new_state(), model.new_state()])
+    forward("four sequences", [tokens(1), tokens(30), tokens(3), tokens(64)],
+            [started[0], started[1], model.new_state(), model.new_state()])
+    assert len(seen) > 20  # every kernel of the forward was launched and recorded
+    following = {site: variants for site, variants in seen.items() if len(variants) > 1}
+    assert not following, "\n".join(_differences(site, variants) for site, variants in following.items())
+
+
+def _differences(site: tuple, variants: dict[tuple, str]) -> str:
+    """``kernel at line: pack: name=(type, attribute) ...`` for the arguments whose specialisation differs."""
+    names = {name for args in variants for name, *_ in args
+             if len({tuple(a) for other in variants for a in other if a[0] == name}) > 1}
+    return f"{site[0]}.{site[1]} at {site[4][-1]}: " + "; ".join(
+        f"{pack}: " + " ".join(f"{name}={kind}/{attribute or '-'}" for name, kind, attribute in args if name in names)
+        for args, pack in variants.items())
