@@ -175,7 +175,7 @@ def render(pm: Mapping[str, Any]) -> str:
                       v["window"] or "-", ", ".join(v["fired"]) or "-", v["note"]] for v in verdicts])
     parted = [v["parted"] for v in verdicts if v.get("parted")]
     if parted:
-        lines += ["", "WHERE EACH PARTED FROM ITS COLD CONTROL (the first difference of the two ledgers)"]
+        lines += ["", "AGAINST THE COLD CONTROLS (the first difference of each one's ledger and its control's, if any)"]
         lines += [f"  {Divergence.from_dict(p).describe()} [control {p['control']}]" for p in parted]
     lines += ["", "HYPOTHESES"]
     lines += _table(["hypothesis", "status", "evidence", "cause"],

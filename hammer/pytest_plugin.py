@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from forensics.divergence import Divergence
 from hammer.patterns import HAMMER_ARM
 
 DEFAULT_COUNT = 4
@@ -39,7 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--hammer-seed", type=int, default=0, metavar="S", help="Probe seed.")
     group.addoption("--hammer-fault", action="append", default=[], metavar="NAME",
                     help="Embedded target: switch a safeguard off (repeatable).")
-    group.addoption("--hammer-model", default=None, help="HTTP target: the model name to send.")
+    group.addoption("--hammer-model", default=None, metavar="NAME|DIR",
+                    help="Embedded target: the engine's model (a built-in name or a checkpoint folder); HTTP target: "
+                         "the model name to send.")
     group.addoption("--hammer-api-key", default=None, help="HTTP target: bearer token.")
     group.addoption("--hammer-control-url", default=None, help="HTTP target: a cache-off server for the controls.")
     group.addoption("--hammer-out", default=None, metavar="DIR", help="Where each test's run directory goes.")
@@ -79,7 +82,8 @@ class ProbeRun:
     def _options(self) -> tuple[dict | None, dict | None]:
         get = self.config.getoption
         if self.target == "embedded":
-            return {"faults": tuple(get("hammer_fault"))}, None
+            model = get("hammer_model")
+            return {"faults": tuple(get("hammer_fault")), **({"model": model} if model else {})}, None
         if get("hammer_fault"):
             raise pytest.UsageError("--hammer-fault applies to --hammer-target embedded only")
         http = {"model": get("hammer_model"), "api_key": get("hammer_api_key"),
@@ -103,12 +107,15 @@ class ProbeRun:
 
     def explain(self, family: str, index: int, corrupted: list, run_dir: Path) -> str:
         get = self.config.getoption
-        attribution = {v["request"]: v["verdict"]
-                       for v in json.loads((run_dir / "attribution.json").read_text())["verdicts"]}
+        stored = json.loads((run_dir / "attribution.json").read_text())
+        attribution = {v["request"]: v["verdict"] for v in stored["verdicts"]}
+        parted = {p["rid"]: Divergence.from_dict(p).describe() for p in stored.get("parted", ())}
         lines = [f"probe {family}-{index}: {len(corrupted)} corrupted request(s)"]
         for row in corrupted:
             lines.append(f"  {row.request} ({'hit' if row.hit else 'cold'}, cached {row.cached_tokens}): "
                          f"attribution {attribution.get(row.request, '-')}")
+            if row.request in parted:
+                lines.append(f"    against its cold control: {parted[row.request]}")
             for name in row.fired:
                 check = row.checks[name]
                 lines.append(f"    {name}: {check.label} {json.dumps(dict(check.details), default=str)[:300]}")

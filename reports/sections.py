@@ -99,8 +99,8 @@ def attribution_blocks(run_path: Path, *, titled: bool = False) -> list:
     names = {"hypotheses": "Hypotheses: confirmed / falsified / untested by the ledger",
              "verdicts": "Per corrupted request: the verdict and the hypotheses its evidence could test",
              "windows": "Sticky windows: failures per donation (branch) they restored from",
-             "parted": "Where each corrupted hit first parted from its cold control (the first difference of the "
-                       "two ledgers: its live state at a position, or with every state equal its logits at a token)"}
+             "parted": "Each corrupted request against its cold control: the first difference of the two ledgers "
+                       "(its live state at a position, or with every state equal its logits at a token), if any"}
     for key, rows in data.items():
         if isinstance(rows, list):
             blocks.append(Table(_rows_table(rows, "").frame, names.get(key, key)))

@@ -19,12 +19,14 @@ def pytest_run(tmp_path, *args):
 
 
 def test_the_probe_suite_passes_on_the_clean_engine_in_parallel(tmp_path):
-    """Two families x 2 probes on two xdist workers: 4 tests, all pass, each leaving its run directory."""
+    """Two families x 2 probes on two xdist workers: 4 tests, all pass, each leaving its run directory; the engine
+    runs the model --hammer-model names."""
     done = pytest_run(tmp_path, "--hammer-target", "embedded", "--hammer-families", "arithmetic,needle",
-                      "--hammer-count", "2", "-n", "2", "-q")
+                      "--hammer-count", "2", "-n", "2", "-q", "--hammer-model", "tiny-random")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "4 passed" in done.stdout
-    assert len(list((tmp_path / "runs").glob("*/last/history.jsonl"))) == 4
+    metas = list((tmp_path / "runs").glob("*/last/meta.json"))
+    assert len(metas) == 4 and all('"model": "tiny-random"' in m.read_text() for m in metas)
 
 
 def test_a_fault_fails_the_probes_with_the_verdict_and_the_reproduction(tmp_path):
@@ -34,6 +36,7 @@ def test_a_fault_fails_the_probes_with_the_verdict_and_the_reproduction(tmp_path
     assert done.returncode == 1, done.stdout[-3000:]
     out = done.stdout
     assert "1 failed" in out and "echo: mismatch" in out and "attribution key-or-payload" in out
+    assert "against its cold control: " in out and "positions both runs wrote" in out
     assert "reproduce the family's suite: hammer probe media --count 2 --seed 0 --target embedded --fault " \
            "media_key=off" in out
     assert "replay this probe exactly: hammer replay " in out
