@@ -147,6 +147,29 @@ def replay(run_dir, request):
 
 
 @main.command()
+@click.argument("first_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("second_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--request", default=None, metavar="ID", help="Compare only this request (and its choices).")
+def diff(first_dir, second_dir, request):
+    """Did two runs of one schedule stream the same tokens? (The same engine on the sim and on a GPU, two builds.)
+
+    Runs of one schedule share their patterns, seed and rounds (``--seed``); their targets may differ. Exit 0
+    when every request both finished streamed the same tokens (and logits, where both report them), else 1
+    naming the first that differs and where its live state parted (both runs with a ledger)."""
+    from hammer.replay import diff_runs
+
+    try:
+        first_difference = diff_runs(first_dir, second_dir, request=request)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if first_difference is None:
+        click.echo(f"{first_dir} and {second_dir}: every token identical")
+        sys.exit(0)
+    click.echo(f"{first_dir} and {second_dir} differ: {first_difference}")
+    sys.exit(1)
+
+
+@main.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the case goes (default RUN_DIR/shrunk).")

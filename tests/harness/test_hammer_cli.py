@@ -1,6 +1,7 @@
 """The hammer CLI end to end on the embedded engine: soak, analyze, replay, resume, exit codes, bad options."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -137,22 +138,52 @@ def test_replay_names_the_first_token_that_differs(clean_run, tmp_path):
     assert "first difference at token 1" in result.output
 
 
-def test_a_replay_on_the_fixed_engine_names_the_token_and_where_the_state_parted(tmp_path):
+FOLLOW_UP = ["run", "follow-up", "--count", "16", "--overlap", "--page-size", "1", "--num-pages", "8192", "--seed", "3",
+             "--no-report"]
+
+
+@pytest.fixture(scope="module")
+def clean_and_transfer(tmp_path_factory):
+    """One follow-up schedule run twice: on the clean engine, and with donate=transfer (its hits corrupted)."""
+    root = tmp_path_factory.mktemp("follow-up")
+    for name, faults in (("clean", []), ("transfer", ["--fault", "donate=transfer"])):
+        result = CliRunner().invoke(main, [*FOLLOW_UP, *faults, "--out", str(root / name)])
+        assert result.exit_code == (1 if faults else 0), result.output
+    return (root / "clean" / "last").resolve(), (root / "transfer" / "last").resolve()
+
+
+def test_a_replay_on_the_fixed_engine_names_the_token_and_where_the_state_parted(clean_and_transfer, tmp_path):
     """A donate=transfer run replayed with the fault taken out of its meta.json (the engine fixed): exit 1 naming
     the first request whose tokens or logits differ and where its live state parted from the stored run's, at the
     end of its first forward after the restore (the stored run restored poisoned bytes there)."""
-    stored = CliRunner().invoke(main, ["run", "follow-up", "--count", "16", "--overlap", "--page-size", "1",
-                                       "--num-pages", "8192", "--seed", "3", "--fault", "donate=transfer",
-                                       "--no-report", "--out", str(tmp_path)])
-    assert stored.exit_code == 1, stored.output
-    assert CliRunner().invoke(main, ["replay", str(tmp_path / "last")]).exit_code == 0  # unchanged: identical
-    meta = json.loads((tmp_path / "last" / "meta.json").read_text())
+    _, transfer = clean_and_transfer
+    assert CliRunner().invoke(main, ["replay", str(transfer)]).exit_code == 0  # unchanged: identical
+    fixed_dir = tmp_path / "fixed"
+    shutil.copytree(transfer, fixed_dir)
+    meta = json.loads((fixed_dir / "meta.json").read_text())
     meta["engine"]["faults"] = meta["faults"] = []
-    (tmp_path / "last" / "meta.json").write_text(json.dumps(meta))
-    fixed = CliRunner().invoke(main, ["replay", str(tmp_path / "last")])
+    (fixed_dir / "meta.json").write_text(json.dumps(meta))
+    fixed = CliRunner().invoke(main, ["replay", str(fixed_dir)])
     assert fixed.exit_code == 1 and "sampled from other logits" in fixed.output, fixed.output
     assert "the live state first differs at position" in fixed.output and "the end of its first forward" in fixed.output
-    assert "in the stored run" in fixed.output and "in the replay" in fixed.output
+    assert "in the stored run" in fixed.output and "in the replay run" in fixed.output
+
+
+def test_diff_compares_two_runs_of_one_schedule(clean_and_transfer, tmp_path):
+    """hammer diff: a run against itself is identical (exit 0); the clean run against the transfer run differs at
+    a hit, whose state parted at its first forward after the restore (exit 1); runs of two seeds are refused
+    (exit 2, naming the seed)."""
+    clean, transfer = clean_and_transfer
+    same = CliRunner().invoke(main, ["diff", str(clean), str(clean)])
+    assert same.exit_code == 0 and "every token identical" in same.output, same.output
+    differ = CliRunner().invoke(main, ["diff", str(clean), str(transfer)])
+    assert differ.exit_code == 1 and "differ: request follow-up-" in differ.output, differ.output
+    assert "the end of its first forward" in differ.output and "in the first run" in differ.output
+    other_seed = CliRunner().invoke(main, ["run", "follow-up", "--count", "4", "--seed", "4", "--no-report",
+                                           "--out", str(tmp_path)])
+    assert other_seed.exit_code == 0, other_seed.output
+    refused = CliRunner().invoke(main, ["diff", str(clean), str(tmp_path / "last")])
+    assert refused.exit_code == 2 and "they differ in seed (3 and 4)" in refused.output, refused.output
 
 
 @pytest.mark.parametrize("args, option", [
