@@ -9,7 +9,8 @@
 #              each differing hit parted from its cold run)
 #   tests      tests/gpu (kernels against their references, the cuda device, the engine on cuda)
 #   exactness  benchmarks/gpu_invariance.py, benchmarks/hit_divergence.py --device cuda (where each differing
-#              hit parted from its cold run), then
+#              hit parted from its cold run), one follow-up schedule on the sim and on the GPU and `hammer diff` of
+#              the two (the first request whose tokens or logits differ, where its state parted), then
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
 #   faults     benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
 #              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
@@ -66,6 +67,9 @@ case "$part" in
         step 90 invariance python3 benchmarks/gpu_invariance.py --out "$out/gpu_invariance.json"
         step 120 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json"
+        step 120 sim_vs_cuda bash -c 'for device in sim cuda; do python3 -m hammer run follow-up --count 16 --seed 3 \
+            --model tiny-random --device $device --no-report --out "$0/runs_$device" > /dev/null; done
+            python3 -m hammer diff "$0/runs_sim/last" "$0/runs_cuda/last"' "$out"
         step 400 mechanisms python3 benchmarks/fault_mechanisms.py --device cuda --requests 24 --device-seeds 0 1 2 \
             --out "$out/fault_mechanisms_cuda.json" ;;
     faults)

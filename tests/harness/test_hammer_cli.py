@@ -276,3 +276,13 @@ def test_the_model_option_picks_the_embedded_engines_model(tmp_path):
                                        "--out", str(tmp_path / "remote")])
     assert remote.exit_code == 2 and "cannot reach http://127.0.0.1:1" in remote.output, remote.output
     assert "applies to" not in remote.output and "unknown model" not in remote.output
+
+
+def test_python_dash_m_hammer_is_the_hammer_command():
+    """``python -m hammer`` (a plain checkout, as on the GPU machine) runs the same CLI under the same name."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "hammer", "diff", "--help"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("Usage: hammer diff"), done.stdout + done.stderr
