@@ -109,6 +109,8 @@ def partings(ledger: Iterable[Row], controls: Mapping[str, str], *, control_ledg
     it back), with ``control``. ``ledger``: the rows of a whole run, every engine stream (a request is compared in
     its own stream against its control's, so a batch's items are counted where it ran); ``control_ledger``: where
     the controls ran (default: the same ledger, the harness's cold controls)."""
+    if not controls:
+        return []
     ours_by = streams(ledger)
     theirs_by = ours_by if control_ledger is None else streams(control_ledger)
     ours_of, theirs_of = _stream_of(ours_by), _stream_of(theirs_by)

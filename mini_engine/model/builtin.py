@@ -44,16 +44,19 @@ DEFAULT_SEED = 20261202
 WEIGHT_GAIN = 0.7
 
 
-def _tiny_config() -> ModelConfig:
+def _over_byte_ids(name: str, *, blocks: int, **shape) -> ModelConfig:
+    """A config of ``shape`` in ``blocks`` of the 3:1 pattern (three Gated DeltaNet layers, then attention), over
+    the byte tokenizer's ids and end-of-sequence tokens."""
     tokenizer = ByteTokenizer()
-    return ModelConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=128, intermediate_size=384,
-        layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-        rope_theta=10_000.0, tie_word_embeddings=False, max_position_embeddings=8192,
-        eos_token_id=tokenizer.eos_token_ids, name="tiny-random",
-    )
+    return ModelConfig(vocab_size=tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_ids, name=name,
+                       layer_types=(LINEAR, LINEAR, LINEAR, FULL) * blocks, max_position_embeddings=8192, **shape)
+
+
+def _tiny_config() -> ModelConfig:
+    return _over_byte_ids("tiny-random", blocks=2, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                          linear_key_head_dim=32, linear_value_head_dim=32, rope_theta=10_000.0,
+                          tie_word_embeddings=False)
 
 
 QWEN35_08B = "qwen3.5-0.8b-shaped-random"
@@ -61,14 +64,9 @@ QWEN35_VOCAB = 248_320  # Qwen3.5's vocabulary: the real 0.8B model's tied embed
 
 
 def _qwen35_08b_config() -> ModelConfig:
-    tokenizer = ByteTokenizer()
-    return ModelConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=1024, intermediate_size=3584,
-        layer_types=(LINEAR, LINEAR, LINEAR, FULL) * 6,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
-        tie_word_embeddings=True, max_position_embeddings=8192, eos_token_id=tokenizer.eos_token_ids, name=QWEN35_08B,
-    )
+    return _over_byte_ids(QWEN35_08B, blocks=6, hidden_size=1024, intermediate_size=3584, num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+                          linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=True)
 
 
 BUILTIN_MODELS = {"tiny-random": _tiny_config, QWEN35_08B: _qwen35_08b_config}
