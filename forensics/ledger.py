@@ -38,7 +38,8 @@ from typing import Any
 from forensics.attribute import Attribution, attribute, inherited_detail
 from forensics.schema import SchemaError
 
-__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "attribute_streams", "parse_log_lines", "streams", "validate_row"]
+__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "adopt_rows", "attribute_streams", "parse_log_lines", "streams",
+           "validate_row"]
 
 LEDGER_VERSION = 1
 
@@ -147,6 +148,19 @@ def parse_log_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
             raise SchemaError(f"line {number}: {err}") from None
         rows.append(row)
     return rows
+
+
+def adopt_rows(rows: Iterable[Mapping[str, Any]], ids: Mapping[str, str], *, engine: str) -> list[dict[str, Any]]:
+    """A server's ledger rows as a run's own: every ``rid`` the run sent renamed from the server's request id to
+    the run's (``ids``: server id -> run request, from the ids the server echoed), every row put in the stream
+    ``engine`` (the run's lane: ``hammer`` or ``control``). Rows of requests the run did not send (another
+    client's) keep their ids: they still touched the slots. Validates each row (SchemaError names it)."""
+    adopted = []
+    for row in rows:
+        validate_row(row)
+        rid = row.get("rid")
+        adopted.append({**row, "engine": engine, **({"rid": ids[rid]} if rid in ids else {})})
+    return adopted
 
 
 def _value(text: str) -> Any:

@@ -110,10 +110,28 @@ def probe(family, count, **options):
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--max-rate", type=click.FloatRange(0, 1), default=0.0, show_default=True)
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--ledger-log", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="[http] The server's slot ledger (its log's LEDGER lines, or JSON rows: *.jsonl), attached to the "
+                   "run first (rows renamed by the request ids the server echoed).")
+@click.option("--control-ledger-log", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="[http] The control server's, likewise (with --ledger-log).")
 @REPORT_OPTION
-def analyze(run_dir, max_rate, junit, report):
-    """Re-run the checkers and the attribution on a stored (possibly partial) run directory."""
+def analyze(run_dir, max_rate, junit, ledger_log, control_ledger_log, report):
+    """Re-run the checkers and the attribution on a stored (possibly partial) run directory.
+
+    An HTTP run gets its attribution from the server's own ledger: --ledger-log (and --control-ledger-log)."""
     from hammer.soak import judge, write_junit
+
+    if control_ledger_log is not None and ledger_log is None:
+        raise click.BadParameter("give the hammer server's ledger too (--ledger-log)", param_hint="--control-ledger-log")
+    if ledger_log is not None:
+        from hammer.ledger_logs import attach_ledger_logs
+
+        try:
+            counts = attach_ledger_logs(run_dir, ledger_log, control_ledger_log)
+        except ValueError as err:  # a SchemaError too: it names the line
+            raise click.BadParameter(str(err), param_hint="--ledger-log") from None
+        click.echo("ledger attached: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
     analysis, summary, code = judge(run_dir, max_rate=max_rate)
     if junit:

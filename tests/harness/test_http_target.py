@@ -3,6 +3,7 @@ real ``mini-engine`` server hammered through it shows no corruption (abandon = a
 
 import base64
 import json
+import shlex
 
 import httpx
 import pytest
@@ -212,3 +213,51 @@ def test_the_model_card_says_whether_the_engine_is_bit_exact(servers):
     hot, _ = servers
     card = hot.get("/v1/models").json()["data"][0]
     assert card["owned_by"] == "mini-engine" and card["bit_exact"] is True  # the sim device
+
+
+class ForeignLog:
+    """A server's log as another engine would keep it: ordinary lines, and its slot ledger as ``LEDGER <type>
+    key=value`` lines (the public schema's log form), under the server's own request ids."""
+
+    def __init__(self, path):
+        self.handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 -- the engine thread writes until closed
+
+    def __call__(self, row) -> None:
+        def text(value):
+            return "true" if value is True else "false" if value is False else shlex.quote(str(value))
+
+        fields = " ".join(f"{k}={text(v)}" for k, v in row.items() if k != "type")
+        self.handle.write(f"2026-12-05 10:00:00 INFO step {row.get('step')}\n")
+        self.handle.write(f"2026-12-05 10:00:00 DEBUG LEDGER {row['type']} {fields}\n")
+        self.handle.flush()
+
+
+def test_a_servers_ledger_log_attributes_an_http_run(tiny_model, tmp_path):
+    """track_writer=off on the server: `hammer run` over HTTP finds corrupted hits, and `hammer analyze
+    --ledger-log` adopts the servers' LEDGER lines (renamed by the request ids they echoed) so that attribution
+    names the snapshot nobody wrote and each hit parts from its control at its first forward, as on the embedded
+    target. A run that already has a ledger, or a log naming none of its requests, is refused naming the option."""
+    hot_log, cold_log = ForeignLog(tmp_path / "hot.log"), ForeignLog(tmp_path / "cold.log")
+    with live_server(Engine(EngineConfig(faults={"track_writer=off"}, reference_states=True), model=tiny_model,
+                            sink=hot_log)) as hot, \
+            live_server(Engine(EngineConfig(enable_cache=False), model=tiny_model, sink=cold_log)) as cold:
+        run = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "12", "--seed", "1", "--target",
+                                        hot.url, "--control-url", cold.url, "--no-report", "--out", str(tmp_path)])
+    hot_log.handle.close()
+    cold_log.handle.close()
+    assert run.exit_code == 1, run.output
+    run_dir = (tmp_path / "last").resolve()
+    assert not (run_dir / "ledger.jsonl").exists()
+    analyzed = CliRunner().invoke(main, ["analyze", str(run_dir), "--ledger-log", str(tmp_path / "hot.log"),
+                                         "--control-ledger-log", str(tmp_path / "cold.log"), "--no-report"])
+    assert analyzed.exit_code == 1 and "ledger attached: hammer " in analyzed.output, analyzed.output
+    attribution = json.loads((run_dir / "attribution.json").read_text())
+    verdicts = {v["verdict"] for v in attribution["verdicts"]}
+    assert verdicts == {"bad-at-donate"}, attribution["verdicts"]
+    assert attribution["parted"] and all(p["first_forward"] for p in attribution["parted"])
+    again = CliRunner().invoke(main, ["analyze", str(run_dir), "--ledger-log", str(tmp_path / "hot.log")])
+    assert again.exit_code == 2 and "--ledger-log" in again.output and "already has a ledger" in again.output
+    (run_dir / "ledger.jsonl").unlink()
+    (tmp_path / "other.log").write_text("LEDGER slot_write rid=nobody slot=1 position=1 checksum=0x1\n")
+    stranger = CliRunner().invoke(main, ["analyze", str(run_dir), "--ledger-log", str(tmp_path / "other.log")])
+    assert stranger.exit_code == 2 and "no ledger row names a request this run sent" in stranger.output
