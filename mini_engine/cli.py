@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from pathlib import Path
 
 import click
 
@@ -56,8 +58,9 @@ def _check_device(ctx, param, value: str) -> str:
     return value
 
 
-def build_engine(model_name: str | None, **config):
-    """An engine over the named model; a bad model or setting is a click error naming its option."""
+def build_engine(model_name: str | None, *, sink=None, **config):
+    """An engine over the named model (``sink``: where its slot ledger rows go); a bad model or setting is a click
+    error naming its option."""
     from mini_engine.engine import Engine, EngineConfig
     from mini_engine.model import CheckpointError, load_model
 
@@ -71,7 +74,7 @@ def build_engine(model_name: str | None, **config):
         model = load_model(model_name)
     except (CheckpointError, ValueError) as err:
         raise click.BadParameter(str(err), param_hint="--model") from None
-    return Engine(engine_config, model=model)
+    return Engine(engine_config, model=model, sink=sink)
 
 
 @main.command()
@@ -121,22 +124,29 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
 @click.option("--num-pages", type=click.IntRange(min=1), default=1024, show_default=True, help="KV pages.")
 @click.option("--max-context", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Most tokens per request, prompt and generation together.")
+@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Write the slot ledger here, a JSON row a line (with each donation's cold reference state, a "
+                   "prefill each): `hammer analyze RUN --ledger-log FILE` attributes an HTTP run from it. The "
+                   "responses then also carry the checks of the logits each token was sampled from.")
 def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, faults: tuple[str, ...],
           host: str, port: int, api_key: str | None, served_model_name: str | None, max_running: int, num_slots: int,
-          num_pages: int, max_context: int) -> None:
+          num_pages: int, max_context: int, ledger: Path | None) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""
     from mini_engine.server import create_app, serve as run_server
 
+    rows = None if ledger is None else ledger.open("a", encoding="utf-8", buffering=1)  # a line a row, as written
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
                           faults=faults, max_running=max_running, num_slots=num_slots, num_pages=num_pages,
-                          max_context=max_context)
+                          max_context=max_context, reference_states=rows is not None,
+                          sink=None if rows is None else lambda row: rows.write(json.dumps(row, default=str) + "\n"))
     if device == "cuda":  # the first requests would otherwise compile the kernels and capture the graphs
         warm = engine.warm_up()
         click.echo(f"warmed up: {warm['requests']} requests, {warm['cuda_graphs']} CUDA graphs, "
                    f"{warm['seconds']:.1f} s")
     click.echo(f"model: {engine.model.config.name}  device: {engine.device.name} (seed {device_seed})  "
                f"dtype: {dtype}  "
-               f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}  listening on http://{host}:{port}")
+               f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}"
+               + (f"  ledger: {ledger}" if ledger else "") + f"  listening on http://{host}:{port}")
     run_server(create_app(engine, served_model_name=served_model_name, api_key=api_key), host=host, port=port)
 
 

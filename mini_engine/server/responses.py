@@ -71,7 +71,8 @@ def usage(results: Sequence[RequestResult]) -> dict:
 
 
 def forensics(results: Sequence[RequestResult]) -> dict:
-    """Per choice: what the cache was asked (key), what it answered (restored slot, cached tokens)."""
+    """Per choice: what the cache was asked (key), what it answered (restored slot, cached tokens), and with a
+    ledger kept, the checks of the logits each token was sampled from."""
     return {"choices": [_forensic_choice(i, r) for i, r in enumerate(results)]}
 
 
@@ -80,4 +81,7 @@ def _forensic_choice(index: int, result: RequestResult) -> dict:
               "restored_slot": result.restored_slot, "cached_tokens": result.cached_tokens}
     if result.media_digest is not None:
         fields["media_digest"] = result.media_digest
+    if result.logits_digest is not None:  # an instrumented engine (``serve --ledger``): the logits behind each token
+        fields["logits_digest"] = result.logits_digest
+        fields["logit_checks"] = list(result.logit_checks)
     return fields

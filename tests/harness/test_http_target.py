@@ -234,27 +234,30 @@ class ForeignLog:
 
 def test_a_servers_ledger_log_attributes_an_http_run(tiny_model, tmp_path):
     """track_writer=off on the server: `hammer run` over HTTP finds corrupted hits, and `hammer analyze
-    --ledger-log` adopts the servers' LEDGER lines (renamed by the request ids they echoed) so that attribution
-    names the snapshot nobody wrote and each hit parts from its control at its first forward, as on the embedded
+    --ledger-log` adopts the hammer server's LEDGER log lines and the control server's JSON rows (`serve
+    --ledger`'s form), renamed by the request ids they echoed, so that attribution names the snapshot nobody wrote
+    and each hit parts from its control at its first forward, its first token's logits too, as on the embedded
     target. A run that already has a ledger, or a log naming none of its requests, is refused naming the option."""
-    hot_log, cold_log = ForeignLog(tmp_path / "hot.log"), ForeignLog(tmp_path / "cold.log")
+    hot_log = ForeignLog(tmp_path / "hot.log")
+    cold_rows = (tmp_path / "cold.jsonl").open("w", encoding="utf-8")
     with live_server(Engine(EngineConfig(faults={"track_writer=off"}, reference_states=True), model=tiny_model,
                             sink=hot_log)) as hot, \
-            live_server(Engine(EngineConfig(enable_cache=False), model=tiny_model, sink=cold_log)) as cold:
+            live_server(Engine(EngineConfig(enable_cache=False), model=tiny_model,
+                               sink=lambda row: cold_rows.write(json.dumps(row) + "\n"))) as cold:
         run = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "12", "--seed", "1", "--target",
                                         hot.url, "--control-url", cold.url, "--no-report", "--out", str(tmp_path)])
     hot_log.handle.close()
-    cold_log.handle.close()
+    cold_rows.close()
     assert run.exit_code == 1, run.output
     run_dir = (tmp_path / "last").resolve()
     assert not (run_dir / "ledger.jsonl").exists()
     analyzed = CliRunner().invoke(main, ["analyze", str(run_dir), "--ledger-log", str(tmp_path / "hot.log"),
-                                         "--control-ledger-log", str(tmp_path / "cold.log"), "--no-report"])
+                                         "--control-ledger-log", str(tmp_path / "cold.jsonl"), "--no-report"])
     assert analyzed.exit_code == 1 and "ledger attached: hammer " in analyzed.output, analyzed.output
     attribution = json.loads((run_dir / "attribution.json").read_text())
     verdicts = {v["verdict"] for v in attribution["verdicts"]}
     assert verdicts == {"bad-at-donate"}, attribution["verdicts"]
-    assert attribution["parted"] and all(p["first_forward"] for p in attribution["parted"])
+    assert attribution["parted"] and all(p["first_forward"] and p["token"] == 0 for p in attribution["parted"])
     again = CliRunner().invoke(main, ["analyze", str(run_dir), "--ledger-log", str(tmp_path / "hot.log")])
     assert again.exit_code == 2 and "--ledger-log" in again.output and "already has a ledger" in again.output
     (run_dir / "ledger.jsonl").unlink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import selectors
@@ -91,6 +92,31 @@ def test_serve_stops_cleanly_on_signal(sig):
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+def test_serve_ledger_writes_the_slot_ledger_and_the_logits_checks(tmp_path):
+    """`serve --ledger FILE`: every slot event a JSON row in FILE (the request's live-slot writes under the id the
+    response echoes, the donation's cold reference state), and the response's forensics carry the logits checks of
+    its tokens."""
+    ledger = tmp_path / "ledger.jsonl"
+    command = [sys.executable, "-c", "from mini_engine.cli import main; main()", "serve", "--port", "0", "--model",
+               "tiny-random", "--ledger", str(ledger)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        port = read_until(process, r"Uvicorn running on http://127\.0\.0\.1:(\d+)").group(1)
+        body = {"prompt": "a prompt long enough " * 8, "max_tokens": 3, "ignore_eos": True}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=TIMEOUT).json()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+    (choice,) = answer["forensics"]["choices"]
+    assert len(choice["logit_checks"]) == 3 and choice["logits_digest"]
+    rows = [json.loads(line) for line in ledger.read_text().splitlines()]
+    writes = [r for r in rows if r["type"] == "slot_write" and r["rid"] == choice["request_id"]]
+    assert [r["position"] for r in writes] == [128, 168, 169, 170]  # two prefill chunks (168 bytes), two decodes
+    assert {r["type"] for r in rows} >= {"alloc", "donate", "reference_state", "free"}
 
 
 def test_an_engine_failure_ends_streams_with_an_error_and_health_reports_it(tiny_model, monkeypatch):
