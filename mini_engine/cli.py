@@ -126,8 +126,9 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
               help="Most tokens per request, prompt and generation together.")
 @click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Write the slot ledger here, a JSON row a line (with each donation's cold reference state, a "
-                   "prefill each): `hammer analyze RUN --ledger-log FILE` attributes an HTTP run from it. The "
-                   "responses then also carry the checks of the logits each token was sampled from.")
+                   "prefill each; appended: give each server start a file of its own): `hammer analyze RUN "
+                   "--ledger-log FILE` attributes an HTTP run from it. The responses then also carry the checks of "
+                   "the logits each token was sampled from.")
 def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, faults: tuple[str, ...],
           host: str, port: int, api_key: str | None, served_model_name: str | None, max_running: int, num_slots: int,
           num_pages: int, max_context: int, ledger: Path | None) -> None:
