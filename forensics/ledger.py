@@ -30,15 +30,18 @@ everything else on the line and every other line is ignored, so a whole server l
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from forensics.attribute import Attribution, attribute, inherited_detail
 from forensics.schema import SchemaError
 
-__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "adopt_rows", "attribute_streams", "parse_log_lines", "streams",
+__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "LedgerWriter", "adopt_rows", "attribute_streams", "parse_log_lines", "streams",
            "validate_row"]
 
 LEDGER_VERSION = 1
@@ -60,6 +63,27 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
 }
 _TEXT_FIELDS = ("rid", "owner", "role", "prefix", "policy", "name", "engine", "label")  # never parsed as numbers
 _FREE_FORM = ("evict", "fork", "page_cow", "metadata_upload", "metadata_readback", "clone", "transfer", "abort")
+
+
+class LedgerWriter:
+    """A run's ``ledger.jsonl``: one row a line, as the engine (or an adopted server ledger) gives it, appended.
+
+    The embedded target flushes once per engine step (``flush``), not per row: a killed run loses at most the
+    rows of the step it was in.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self._file = open(Path(path), "a", encoding="utf-8")  # noqa: SIM115 -- open until close()
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps(row, separators=(",", ":"), default=str) + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
 
 
 def validate_row(row: Mapping[str, Any]) -> None:

@@ -11,12 +11,11 @@ with the cold controls then read it as they read an embedded run's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from forensics import RunDir, fold_history, read_jsonl
-from forensics.ledger import adopt_rows, parse_log_lines
+from forensics.ledger import LedgerWriter, adopt_rows, parse_log_lines
 from hammer.patterns import CONTROL_ARM, HAMMER_ARM
 
 __all__ = ["attach_ledger_logs"]
@@ -53,8 +52,12 @@ def attach_ledger_logs(run_dir: str | Path, hammer_log: str | Path, control_log:
                              f"(the server ids it echoed: {', '.join(sorted(lane_ids)[:3]) or 'none'}, ...)")
         rows += adopted
         counts[engine], counts[f"{engine}_requests"] = len(adopted), len(named)
-    with run.ledger_path.open("w", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(row, separators=(",", ":"), default=str) + "\n" for row in rows)
+    ledger = LedgerWriter(run.ledger_path)
+    try:
+        for row in rows:
+            ledger.write(row)
+    finally:
+        ledger.close()
     return counts
 
 

@@ -122,7 +122,8 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
     echo = [row.request for row in analysis.corrupted if "echo" in row.fired]
     ledger = list(run.ledger())
     attribution = attribute_streams(ledger, corrupted, echo_failed=echo)
-    controls = {request: control for request, control in analysis.controls().items() if request in corrupted}
+    control_of = analysis.controls()
+    controls = {request: control_of[request] for request in corrupted if request in control_of}
     parted = partings(ledger, controls, logits={request: (fold.records[request].logit_checks or (),
                                                           fold.records[control].logit_checks or ())
                                                 for request, control in controls.items()})

@@ -15,13 +15,13 @@ writes them into the history.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from forensics import choice_request_id
+from forensics.ledger import LedgerWriter
 from hammer.patterns import CONTROL_ARM, HAMMER_ARM, Op
 from hammer.targets.base import Completion, Delta, Failure, Lane, SteppedTarget, Update
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
@@ -32,27 +32,6 @@ __all__ = ["ENGINE_OPTIONS", "EmbeddedTarget", "LedgerWriter", "round_device_see
 # The engine options a run may set (EngineConfig fields), recorded in meta.json's ``engine``.
 ENGINE_OPTIONS = ("model", "overlap", "device", "device_seed", "dtype", "max_running", "num_slots", "num_pages",
                   "page_size", "prefill_chunk", "max_context", "faults", "reference_states")
-
-
-class LedgerWriter:
-    """``ledger.jsonl``, kept thin until the ledger schema arrives: one raw event per line.
-
-    Rows are flushed once per engine step (``flush``), not per row: a killed run loses at most the
-    rows of the step it was in.
-    """
-
-    def __init__(self, path: str | os.PathLike) -> None:
-        self._file = open(Path(path), "a", encoding="utf-8")
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps(row, separators=(",", ":"), default=str) + "\n")
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
 
 
 class EngineLane(Lane):

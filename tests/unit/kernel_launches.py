@@ -58,6 +58,16 @@ def _is_constexpr(parameter: inspect.Parameter) -> bool:
     return annotation is not inspect.Parameter.empty and "constexpr" in str(annotation)
 
 
+def launch_arguments(fn, args: tuple, kwargs: dict) -> tuple[list[inspect.Parameter], dict, dict]:
+    """A launch of kernel ``fn`` bound: (its parameters, each one's value, defaults included, and the launch options
+    num_warps / num_stages)."""
+    parameters = list(inspect.signature(fn).parameters.values())
+    values = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    values.update(zip((p.name for p in parameters), args))
+    values.update({k: v for k, v in kwargs.items() if k in {p.name for p in parameters}})
+    return parameters, values, {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+
+
 def record(path: str) -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -65,10 +75,7 @@ def record(path: str) -> None:
 
     def recorded(self, *args, grid, warmup, **kwargs):
         fn = self.fn
-        parameters = list(inspect.signature(fn).parameters.values())
-        values = dict(zip((p.name for p in parameters), args))
-        values.update({k: v for k, v in kwargs.items() if k in {p.name for p in parameters}})
-        options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+        parameters, values, options = launch_arguments(fn, args, kwargs)
         constexprs = {p.name: values[p.name] for p in parameters if _is_constexpr(p)}
         signature = {p.name: "constexpr" if _is_constexpr(p) or values[p.name] is None else _type(values[p.name])
                      for p in parameters}

@@ -9,7 +9,6 @@ Triton forward is recorded, not run, for packs of one decode row, one prompt, an
 and each launch site (kernel, constexprs, options and the engine's calling lines) must meet one specialisation.
 """
 
-import inspect
 import traceback
 
 import torch
@@ -19,21 +18,19 @@ from triton.compiler import make_backend
 from triton.runtime.interpreter import InterpretedFunction
 
 from mini_engine.model import build_builtin
+from tests.unit.kernel_launches import _is_constexpr, launch_arguments
 
 BACKEND = type(make_backend(GPUTarget("cuda", 90, 32)))  # the H200's specialisation rules, on the CPU
 
 
 def _specialisation(fn, kwargs_of_kernel: dict, args: tuple, kwargs: dict) -> tuple:
     """(the launch site, the specialisation Triton would compile for it on the GPU)."""
-    parameters = list(inspect.signature(fn).parameters.values())
-    values = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
-    values.update(zip((p.name for p in parameters), args))
-    values.update({k: v for k, v in kwargs.items() if k in values or k in {p.name for p in parameters}})
+    parameters, values, options = launch_arguments(fn, args, kwargs)
     plain = set(kwargs_of_kernel.get("do_not_specialize") or ())
     unaligned = set(kwargs_of_kernel.get("do_not_specialize_on_alignment") or ())
     constexprs, specialised = [], []
     for i, p in enumerate(parameters):
-        if "constexpr" in str(p.annotation):
+        if _is_constexpr(p):
             constexprs.append((p.name, repr(values[p.name])))
         else:
             kind, attribute = native_specialize_impl(BACKEND, values[p.name], False, not ({p.name, i} & plain),
@@ -41,8 +38,7 @@ def _specialisation(fn, kwargs_of_kernel: dict, args: tuple, kwargs: dict) -> tu
             specialised.append((p.name, str(kind), str(attribute)))
     calling = tuple(f"{frame.filename.split('mini_engine/')[-1]}:{frame.lineno}" for frame in traceback.extract_stack()
                     if "mini_engine/" in frame.filename)
-    options = tuple(sorted((k, v) for k, v in kwargs.items() if k in ("num_warps", "num_stages")))
-    return (fn.__module__, fn.__name__, tuple(constexprs), options, calling), tuple(specialised)
+    return (fn.__module__, fn.__name__, tuple(constexprs), tuple(sorted(options.items())), calling), tuple(specialised)
 
 
 def test_a_triton_forward_compiles_one_specialisation_per_launch_site_whatever_the_pack(monkeypatch):
