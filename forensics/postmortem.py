@@ -5,7 +5,8 @@ its history; pure, nothing here runs a model. ``build`` returns the structure (w
 read, written as ``postmortem.json``), ``render`` the text::
 
     header          run, target, faults, seeds, counts
-    verdicts        one row per corrupted request: verdict, sticky window, oracles that fired
+    verdicts        one row per corrupted request: verdict, sticky window, oracles that fired, and on an
+                    HTTP run the id the server knows it by (what to look for in the server's own logs)
     parted          per corrupted request with a cold control: where its live state (or, with every state
                     equal, its logits) first parted from the control's (``forensics.divergence``, in
                     attribution.json): what the attribution's "state-clean, look elsewhere" points at
@@ -28,6 +29,7 @@ from forensics.divergence import Divergence
 from forensics.ledger import streams
 from forensics.records import fold_history
 from forensics.rundir import RunDir
+from forensics.schema import split_choice
 
 __all__ = ["build", "describe_row", "render", "write_postmortem"]
 
@@ -65,6 +67,7 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
     corrupted = {v["request"] for v in attribution["verdicts"]}
     verdicts = [{"request": v["request"], "verdict": v["verdict"], "window": v.get("window"),
                  "hit": records[v["request"]].hit if v["request"] in records else None,
+                 "server_id": _server_id(records.get(v["request"]), run.meta.target),
                  "fired": list(fired.get(v["request"], ())), "note": _note(v), "evidence": v["evidence"]}
                 for v in attribution["verdicts"]]
     parted = {p["rid"]: p for p in attribution.get("parted", ())}
@@ -90,6 +93,20 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
 
 def _length(story: Mapping[str, Any]) -> int:
     return len(story["rows"]) + story["more"]
+
+
+def _server_id(record: Any, target: Mapping[str, Any]) -> str | None:
+    """The id a server filed ``record``'s request under: the one its response carried or echoed, else the
+    ``X-Request-Id`` it was sent with (an HTTP run's prefix and the request); None on an embedded run."""
+    if record is None or target.get("kind") == "embedded":
+        return None
+    sent_prefix = target.get("request_ids")
+    end = record.end or {}
+    echoed = end.get("server_id") or (end.get("forensic") or {}).get("request_id")
+    if echoed or not sent_prefix:
+        return echoed
+    request, choice = split_choice(record.request)
+    return f"{sent_prefix}-{request}" + (f" (choice {choice})" if choice else "")
 
 
 def _note(verdict: Mapping[str, Any]) -> str:
@@ -170,9 +187,12 @@ def render(pm: Mapping[str, Any]) -> str:
     lines.append(f"VERDICTS: {len(verdicts)} corrupted request(s)"
                  + (": " + ", ".join(f"{k} {n}" for k, n in sorted(tally.items(), key=lambda kv: -kv[1]))
                     if verdicts else " -- nothing to attribute"))
-    lines += _table(["request", "hit", "verdict", "window", "oracles fired", "note"],
-                    [[v["request"], {True: "hit", False: "cold", None: "?"}[v["hit"]], v["verdict"],
-                      v["window"] or "-", ", ".join(v["fired"]) or "-", v["note"]] for v in verdicts])
+    server = any(v.get("server_id") for v in verdicts)
+    header = ["request", *(["server id"] if server else []), "hit", "verdict", "window", "oracles fired", "note"]
+    lines += _table(header,
+                    [[v["request"], *([v.get("server_id") or "-"] if server else []),
+                      {True: "hit", False: "cold", None: "?"}[v["hit"]], v["verdict"], v["window"] or "-",
+                      ", ".join(v["fired"]) or "-", v["note"]] for v in verdicts])
     parted = [v["parted"] for v in verdicts if v.get("parted")]
     if parted:
         lines += ["", "AGAINST THE COLD CONTROLS (the first difference of each one's ledger and its control's, if any)"]

@@ -46,8 +46,9 @@ EVENT_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                 "stop", "continues", "continued_from")),
     # ``position``: 0-based position of the delta in the output; ``token_id`` when the target knows it.
     "token": (("position", "text"), ("token_id",)),
+    # ``server_id``: the id the server gave the request (an HTTP response's ``id``).
     "ok": (("text",),
-           ("token_ids", "finish_reason", "cached_tokens", "usage", "forensic", "latency", "ttft")),
+           ("token_ids", "finish_reason", "cached_tokens", "usage", "forensic", "latency", "ttft", "server_id")),
     "fail": (("error",), ("status", "latency")),
     # ``reason``: one of INFO_REASONS; ``tokens_received``: how many deltas arrived before the end.
     "info": (("reason",), ("tokens_received", "error", "cached_tokens", "latency")),

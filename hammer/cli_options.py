@@ -19,7 +19,7 @@ ENGINE_FLAGS = {"model": "--model", "faults": "--fault", "overlap": "--overlap",
                 "device_seed": "--device-seed", "dtype": "--dtype", "max_running": "--max-running",
                 "num_slots": "--num-slots", "num_pages": "--num-pages", "page_size": "--page-size"}
 HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model", "control_url": "--control-url",
-              "timeout": "--timeout", "exact": "--exact/--inexact"}
+              "timeout": "--timeout", "exact": "--exact/--inexact", "request_id_field": "--request-id-field"}
 
 
 MODEL_OPTION = click.option(
@@ -61,6 +61,15 @@ def _headers(_ctx, _param, values: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{value!r}: use NAME:VALUE, e.g. 'X-Team: harness'")
         headers[name.strip()] = content.strip()
     return headers
+
+
+def _field_name(_ctx, _param, value: str | None) -> str | None:
+    from hammer.targets.http import RESERVED_FIELDS
+
+    if value is not None and (not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value) or value in RESERVED_FIELDS):
+        raise click.BadParameter(f"{value!r}: a JSON field name that the OpenAI request does not already use "
+                                 f"(such as rid)")
+    return value
 
 
 def parse_settings(_ctx, _param, values: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
@@ -133,6 +142,10 @@ def run_options(command):
                      help="[http] Run the cold controls here: a second server with its prefix cache off."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
                      help="[http] Seconds a request may wait for its next bytes."),
+        click.option("--request-id-field", default=None, metavar="NAME", callback=_field_name,
+                     help="[http] Also send each request's id in the body under NAME, for a server that names its "
+                          "requests from the body (SGLang: rid); every request already carries it as X-Request-Id "
+                          "(vLLM, mini-engine). Either way the server's ledger rows can be matched to the run."),
         click.option("--exact/--inexact", default=None,
                      help="[http] Count a hit that differs from its control as corruption (default: yes for "
                           "mini-engine servers whose /v1/models card says bit_exact, i.e. on the sim device; "

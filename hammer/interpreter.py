@@ -114,7 +114,8 @@ class Stream:
                              token_ids=None if done.token_ids is None else list(done.token_ids),
                              finish_reason=done.finish_reason, cached_tokens=done.cached_tokens,
                              usage=None if done.usage is None else dict(done.usage),
-                             forensic=None if done.forensic is None else dict(done.forensic))
+                             forensic=None if done.forensic is None else dict(done.forensic),
+                             server_id=done.server_id)
 
     def _end_all(self, end: Failure | Indeterminate) -> None:
         """End every open choice: failed, or indeterminate (abandoned on purpose, timed out, unknown)."""

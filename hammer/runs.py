@@ -44,7 +44,8 @@ def target_of(meta: RunMeta, *, http: Mapping[str, Any] | None = None) -> Target
     """The target a stored run used (HTTP secrets are never stored: pass ``http`` options again)."""
     if meta.target.get("kind") == EMBEDDED:
         return make_target(EMBEDDED, engine=engine_options(meta.engine))
-    stored = {"model": meta.target.get("model"), "control_url": meta.target.get("control_url")}
+    stored = {"model": meta.target.get("model"), "control_url": meta.target.get("control_url"),
+              "request_ids": meta.target.get("request_ids"), "request_id_field": meta.target.get("request_id_field")}
     return make_target(meta.target["url"], http={**stored, **(http or {})})
 
 

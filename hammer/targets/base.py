@@ -36,7 +36,8 @@ class Delta:
 
 @dataclass(frozen=True)
 class Completion:
-    """``forensic``: the engine's own account (cache_key, media_digest, prompt_tokens, restored_slot, ...)."""
+    """``forensic``: the engine's own account (cache_key, media_digest, prompt_tokens, restored_slot, ...);
+    ``server_id``: the id the server gave the request (an OpenAI response's ``id``)."""
 
     choice: int
     text: str
@@ -45,6 +46,7 @@ class Completion:
     cached_tokens: int | None = None
     usage: Mapping[str, Any] | None = None
     forensic: Mapping[str, Any] | None = None
+    server_id: str | None = None
 
 
 @dataclass(frozen=True)

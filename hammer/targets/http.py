@@ -11,6 +11,13 @@ arrives when the server reports it; a ``forensics`` extension object (mini-engin
 cache_key, media_digest, restored_slot, cached_tokens, request_id) is read when present. A delta is
 one text chunk of one choice (servers stream one per token, or per decodable piece).
 
+Request ids: every request carries ``X-Request-Id: <request_ids>-<request>`` (``request_ids``: a prefix
+drawn once per run, kept in meta, so ids never repeat across runs against one server); vLLM and
+mini-engine name the request after it (``cmpl-<id>``); with ``request_id_field`` (SGLang: ``rid``) the
+body carries it too. The ok event records the id the response carried (``server_id``). Either lets
+``hammer analyze --ledger-log`` match a server's ledger rows to the run's requests without the
+``forensics`` extension (``hammer/ledger_logs.py``).
+
 Errors: a connection that cannot be made is retried (``connect_retries``, backing off) and then the
 target is unavailable; nothing that may have reached the server is ever sent twice. An HTTP error
 status is a ``fail`` (the server refused); a read timeout is ``info: timeout``; a stream that breaks
@@ -26,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -38,6 +46,10 @@ from probes.text import MEDIA_MARKER
 __all__ = ["HttpTarget"]
 
 CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
+REQUEST_ID_HEADER = "X-Request-Id"
+# Fields of the request bodies this target sends: a request-id field may not be one of them.
+RESERVED_FIELDS = frozenset({"max_tokens", "temperature", "seed", "n", "stream", "stream_options", "model", "stop",
+                             "prompt", "messages"})
 
 
 class HttpTarget(StreamingTarget):
@@ -45,10 +57,17 @@ class HttpTarget(StreamingTarget):
 
     def __init__(self, url: str, *, api_key: str | None = None, headers: Mapping[str, str] | None = None,
                  model: str | None = None, timeout: float = 120.0, connect_retries: int = 3,
-                 control_url: str | None = None, exact: bool | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 control_url: str | None = None, exact: bool | None = None, request_ids: str | None = None,
+                 request_id_field: str | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
         if timeout <= 0 or connect_retries < 0:
             raise ValueError(f"need timeout > 0 and connect_retries >= 0; got {timeout}, {connect_retries}")
+        if any(name.lower() == REQUEST_ID_HEADER.lower() for name in headers or {}):
+            raise ValueError(f"--header {REQUEST_ID_HEADER}: the hammer sends its own, one per request (how a "
+                             "server's ledger is matched to the run); leave it out")
+        if request_id_field in RESERVED_FIELDS:
+            raise ValueError(f"--request-id-field {request_id_field}: the request body already uses that field")
+        self.request_ids = request_ids or f"hammer-{secrets.token_hex(4)}"
+        self.request_id_field = request_id_field
         self.url, self.control_url = url.rstrip("/"), (control_url or "").rstrip("/") or None
         self.model, self.timeout, self.connect_retries = model, timeout, connect_retries
         self.headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
@@ -61,7 +80,12 @@ class HttpTarget(StreamingTarget):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "url": self.url, "model": self.model, "server": self.server,
-                "control_url": self.control_url, "header_names": sorted(self.headers), "exact": self.exact}
+                "control_url": self.control_url, "header_names": sorted(self.headers), "exact": self.exact,
+                "request_ids": self.request_ids, "request_id_field": self.request_id_field}
+
+    def request_id(self, request: str) -> str:
+        """The ``X-Request-Id`` sent with ``request`` (every choice of it shares the one request)."""
+        return f"{self.request_ids}-{request}"
 
     @property
     def exact(self) -> bool:
@@ -103,8 +127,11 @@ class HttpTarget(StreamingTarget):
             yield Failure(str(error))
             return
         base = self.control_url if op.arm == CONTROL_ARM and self.control_url else self.url
+        request_id = self.request_id(op.request)
+        if self.request_id_field:
+            body[self.request_id_field] = request_id
         try:
-            opened = await self._open(f"{base}{path}", body)
+            opened = await self._open(f"{base}{path}", body, request_id)
         except httpx.TimeoutException as error:  # sent, no answer in time: it may have run
             yield Indeterminate("timeout", f"{type(error).__name__}: {error}")
             return
@@ -119,12 +146,12 @@ class HttpTarget(StreamingTarget):
             async for update in _read_events(response, op.n):
                 yield update
 
-    async def _open(self, url: str, body: dict[str, Any]) -> Any:
+    async def _open(self, url: str, body: dict[str, Any], request_id: str) -> Any:
         """The streaming response, retrying only failures to connect (nothing reached the server)."""
         client = self._client_now()
         for attempt in range(self.connect_retries + 1):
             try:
-                request = client.build_request("POST", url, json=body)
+                request = client.build_request("POST", url, json=body, headers={REQUEST_ID_HEADER: request_id})
                 response = await client.send(request, stream=True)
                 return _Closing(response)
             except CONNECT_ERRORS as error:
@@ -215,18 +242,21 @@ async def _read_events(response: httpx.Response, choices: int) -> AsyncIterator[
 
 
 class _StreamState:
-    """What one SSE stream has said so far: text and finish reason per choice, usage, forensics."""
+    """What one SSE stream has said so far: text and finish reason per choice, usage, forensics, the response id."""
 
     def __init__(self, choices: int) -> None:
         self.texts = [[] for _ in range(choices)]
         self.finish: list[str | None] = [None] * choices
         self.usage: dict[str, Any] | None = None
         self.forensics: dict[int, dict[str, Any]] = {}
+        self.server_id: str | None = None
 
     def read(self, chunk: Mapping[str, Any]) -> list[Update]:
         if "error" in chunk:
             return [Indeterminate("unknown", f"the server reported an error mid-stream: {chunk['error']}")]
         updates: list[Update] = []
+        if self.server_id is None and isinstance(chunk.get("id"), str):
+            self.server_id = chunk["id"]
         for choice in chunk.get("choices") or ():
             index = choice.get("index", 0)
             text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
@@ -246,5 +276,6 @@ class _StreamState:
         for index, pieces in enumerate(self.texts):
             forensic = self.forensics.get(index)
             cached = forensic.get("cached_tokens", reported) if forensic else reported
-            made.append(Completion(index, "".join(pieces), None, self.finish[index], cached, self.usage, forensic))
+            made.append(Completion(index, "".join(pieces), None, self.finish[index], cached, self.usage, forensic,
+                                   self.server_id))
         return made

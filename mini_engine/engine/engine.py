@@ -41,7 +41,12 @@ from mini_engine.model.media import media_features
 from mini_engine.model.tokenizer import MEDIA_TOKEN
 from mini_engine.ops.checksum import slot_checksum
 
-__all__ = ["Engine", "RequestResult", "media_digest"]
+__all__ = ["Engine", "RequestIdInUse", "RequestResult", "media_digest"]
+
+
+class RequestIdInUse(ValueError):
+    """``submit`` was given the id of a request the engine still holds."""
+
 
 WARM_UP_KEY = "mini-engine:warm-up"  # the cache key of warm_up's prompts: no request's prompt can match them
 WARM_UP_TOKENS = 3  # decode steps per warm-up request: the first of a batch size runs eagerly, the second captures
@@ -136,7 +141,7 @@ class Engine:
         media, digest = self._check_media(ids, media)
         rid = rid or f"req-{next(self._ids)}"
         if rid in self.requests:
-            raise ValueError(f"request id {rid!r} is already in use")
+            raise RequestIdInUse(f"request id {rid!r} is already in use")
         params = params or SamplingParams()
         if len(ids) + params.max_tokens > self.config.max_context:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "

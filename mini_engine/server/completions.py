@@ -1,5 +1,10 @@
 """The flow both POST endpoints share: build the submission, submit, then stream (SSE) or collect.
 
+A request's id is ``<cmpl|chatcmpl>-<X-Request-Id>`` when the client sends that header (as vLLM names its
+requests), else ``<prefix>-<random>``; the response, its chunks, the ledger rows and the ``forensics`` echo all
+carry it, and the response echoes the header, so a client can find its requests in the server's ledger without
+reading the extension. An id still in flight is refused (409), never shared.
+
 A client that goes away aborts its request at once, freeing every slot it holds:
 - streaming: Starlette cancels the response when the client disconnects; the response's
   ``finally`` aborts whatever has not finished;
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -17,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from mini_engine.engine import RequestResult
+from mini_engine.engine import RequestIdInUse, RequestResult
 from mini_engine.model import ByteTokenizer
 from mini_engine.server.errors import APIError
 from mini_engine.server.loop import EngineLoop, Generation
@@ -31,6 +37,9 @@ __all__ = ["generate"]
 Body = CompletionRequest | ChatCompletionRequest
 Builder = Callable[[Body, Limits, ByteTokenizer], Submission]
 CLIENT_CLOSED = 499  # nobody reads it: the client is gone
+REQUEST_ID_HEADER = "X-Request-Id"
+# What a ledger log line can carry as one ``rid=`` value (no spaces, no quotes, no ``#``: choice ids use it).
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 async def generate(loop: EngineLoop, flavor: Flavor, body: Body, build: Builder, request: Request,
@@ -38,20 +47,36 @@ async def generate(loop: EngineLoop, flavor: Flavor, body: Body, build: Builder,
     if body.model is not None and body.model != model_name:
         raise APIError(404, f"model {body.model!r} is not served here; this server serves {model_name!r} "
                             f"(see /v1/models)", param="model", code="model_not_found")
+    client_id = _client_request_id(request)
     submission = build(body, loop.limits, loop.tokenizer)
-    meta = ResponseMeta(f"{flavor.id_prefix}-{uuid.uuid4().hex[:24]}", int(time.time()), model_name)
+    meta = ResponseMeta(f"{flavor.id_prefix}-{client_id or uuid.uuid4().hex[:24]}", int(time.time()), model_name)
     try:
         generation = await loop.submit(submission, meta.id)
+    except RequestIdInUse:
+        raise APIError(409, f"{REQUEST_ID_HEADER} {client_id!r} names a request still in flight; send a unique id "
+                            "per request", param=REQUEST_ID_HEADER, code="request_id_in_use") from None
     except ValueError as err:  # the engine's own validation (e.g. media placeholders vs media items)
         raise APIError(400, str(err)) from None
+    headers = {REQUEST_ID_HEADER: client_id} if client_id else None
     if body.stream:
         texts = [TextStream(loop.tokenizer, body.stop_strings) for _ in generation.choices]
         events = _sse(generation, flavor, meta, texts, body.include_usage)
-        return _AbortingStream(events, on_close=lambda: loop.abort(generation.rid))
+        return _AbortingStream(events, on_close=lambda: loop.abort(generation.rid), headers=headers)
     results = await _collect_unless_gone(generation, request, loop)
     if results is None:
         return Response(status_code=CLIENT_CLOSED)
-    return JSONResponse(flavor.response(meta, results))
+    return JSONResponse(flavor.response(meta, results), headers=headers)
+
+
+def _client_request_id(request: Request) -> str | None:
+    """The client's ``X-Request-Id``, checked (it becomes part of the engine's request id and its ledger rows)."""
+    value = request.headers.get(REQUEST_ID_HEADER)
+    if value is None:
+        return None
+    if not REQUEST_ID.fullmatch(value):
+        raise APIError(400, f"{REQUEST_ID_HEADER} must be 1 to 128 characters of A-Z a-z 0-9 . _ : -; got "
+                            f"{value[:40]!r}", param=REQUEST_ID_HEADER, code="invalid_request_id")
+    return value
 
 
 async def _collect(generation: Generation) -> list[RequestResult]:
@@ -105,8 +130,10 @@ class _AbortingStream(StreamingResponse):
     generator ever started (so a ``finally`` inside it would never run); this ``finally`` always does.
     """
 
-    def __init__(self, events: AsyncIterator[str], *, on_close: Callable[[], None]) -> None:
-        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def __init__(self, events: AsyncIterator[str], *, on_close: Callable[[], None],
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", **(headers or {})})
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:

@@ -63,6 +63,39 @@ def test_a_completion_stream_is_recorded_with_usage_and_forensics(tmp_path):
     assert ok["forensic"] == {"cache_key": "k1", "restored_slot": 7, "cached_tokens": 64, "request_id": "cmpl-1"}
 
 
+def test_every_request_names_itself_and_the_response_id_is_recorded(tmp_path):
+    """Each request carries its own X-Request-Id under the run's prefix (a fresh prefix per target, the stored one on
+    resume), and with --request-id-field in the body too (SGLang's rid); the ok event keeps the id the response
+    carried. A --header of that name, or a field the body already uses, is refused naming the option."""
+    seen, fields = [], []
+
+    def handler(request):
+        seen.append(request.headers["x-request-id"])
+        fields.append(json.loads(request.content).get("rid"))
+        return httpx.Response(200, content=sse({"id": f"cmpl-{len(seen)}", "choices": [{"index": 0, "text": "x"}]},
+                                               {"id": f"cmpl-{len(seen)}", "choices": [{"index": 0, "text": "",
+                                                                                        "finish_reason": "stop"}]}))
+
+    target = mock_target(handler)
+    ops = [Op(request=name, pattern="p", prompt="hi") for name in ("a", "b")]
+    events = run(target, ops, tmp_path)
+    assert seen == [f"{target.request_ids}-a", f"{target.request_ids}-b"] == [target.request_id("a"),
+                                                                             target.request_id("b")]
+    assert target.describe()["request_ids"] == target.request_ids != mock_target(handler).request_ids
+    assert [e["server_id"] for e in events if e["type"] == "ok"] == ["cmpl-1", "cmpl-2"]
+    assert fields == [None, None]
+    kept = mock_target(handler, request_ids="hammer-kept", request_id_field="rid")
+    run(kept, ops[:1], tmp_path / "kept")
+    assert seen[-1] == fields[-1] == "hammer-kept-a" and kept.describe()["request_id_field"] == "rid"
+    for option, value, named in (("--header", "x-request-id: mine", "--header X-Request-Id"),
+                                 ("--request-id-field", "prompt", "--request-id-field"),
+                                 ("--request-id-field", "two words", "--request-id-field")):
+        refused = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "2", "--target",
+                                            "http://127.0.0.1:9", option, value, "--out", str(tmp_path / "runs")])
+        assert refused.exit_code == 2 and named in refused.output, refused.output
+    assert not (tmp_path / "runs").exists()
+
+
 def test_chat_media_go_as_content_parts_one_per_marker(tmp_path):
     """A chat op's media travel as image_url data-URL parts where its <|media|> markers stand."""
     bodies = []
@@ -232,18 +265,40 @@ class ForeignLog:
         self.handle.flush()
 
 
-def test_a_servers_ledger_log_attributes_an_http_run(tiny_model, tmp_path):
+class WithoutForensics:
+    """A server that says nothing beyond the OpenAI API (vLLM, SGLang): mini-engine's streamed chunks with the
+    ``forensics`` extension cut out. Its requests are still named after the X-Request-Id sent (``cmpl-<id>``)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        async def plain(message):
+            if message["type"] == "http.response.body" and message.get("body", b"").startswith(b"data: {"):
+                chunk = json.loads(message["body"][6:])
+                chunk.pop("forensics", None)
+                message = {**message, "body": f"data: {json.dumps(chunk)}\n\n".encode()}
+            await send(message)
+
+        await self.app(scope, receive, plain)
+
+
+@pytest.mark.parametrize("echoed", [True, False], ids=["forensics-echoed", "openai-only"])
+def test_a_servers_ledger_log_attributes_an_http_run(tiny_model, tmp_path, echoed):
     """track_writer=off on the server: `hammer run` over HTTP finds corrupted hits, and `hammer analyze
     --ledger-log` adopts the hammer server's LEDGER log lines and the control server's JSON rows (`serve
-    --ledger`'s form), renamed by the request ids they echoed, so that attribution names the snapshot nobody wrote
-    and each hit parts from its control at its first forward, its first token's logits too, as on the embedded
-    target. A run that already has a ledger, or a log naming none of its requests, is refused naming the option."""
+    --ledger`'s form), renamed to the run's requests, so that attribution names the snapshot nobody wrote and each
+    hit parts from its control at its first forward (its first token's logits too, where the server reports them),
+    as on the embedded target. The rows are matched by the request ids the server echoed, or, from a server that
+    echoes nothing, by the X-Request-Id each request was sent with: abandoned requests included. A run that already
+    has a ledger, or a log naming none of its requests, is refused naming the option."""
     hot_log = ForeignLog(tmp_path / "hot.log")
     cold_rows = (tmp_path / "cold.jsonl").open("w", encoding="utf-8")
+    wrap = None if echoed else WithoutForensics
     with live_server(Engine(EngineConfig(faults={"track_writer=off"}, reference_states=True), model=tiny_model,
-                            sink=hot_log)) as hot, \
+                            sink=hot_log), wrap=wrap) as hot, \
             live_server(Engine(EngineConfig(enable_cache=False), model=tiny_model,
-                               sink=lambda row: cold_rows.write(json.dumps(row) + "\n"))) as cold:
+                               sink=lambda row: cold_rows.write(json.dumps(row) + "\n")), wrap=wrap) as cold:
         run = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "12", "--seed", "1", "--target",
                                         hot.url, "--control-url", cold.url, "--no-report", "--out", str(tmp_path)])
     hot_log.handle.close()
@@ -254,10 +309,20 @@ def test_a_servers_ledger_log_attributes_an_http_run(tiny_model, tmp_path):
     analyzed = CliRunner().invoke(main, ["analyze", str(run_dir), "--ledger-log", str(tmp_path / "hot.log"),
                                          "--control-ledger-log", str(tmp_path / "cold.jsonl"), "--no-report"])
     assert analyzed.exit_code == 1 and "ledger attached: hammer " in analyzed.output, analyzed.output
+    records = fold_history(read_history(run_dir / "history.jsonl")).records.values()
+    assert any(r.end.get("forensic") for r in records) is echoed
+    ledger_rids = {json.loads(line).get("rid") for line in (run_dir / "ledger.jsonl").open()}
+    assert {r.request for r in records} <= ledger_rids  # every request, the abandoned ones too
     attribution = json.loads((run_dir / "attribution.json").read_text())
     verdicts = {v["verdict"] for v in attribution["verdicts"]}
     assert verdicts == {"bad-at-donate"}, attribution["verdicts"]
-    assert attribution["parted"] and all(p["first_forward"] and p["token"] == 0 for p in attribution["parted"])
+    assert attribution["parted"] and all(p["first_forward"] for p in attribution["parted"])
+    assert all(p["token"] == (0 if echoed else None) for p in attribution["parted"]), attribution["parted"]
+    told = CliRunner().invoke(main, ["postmortem", str(run_dir), "--no-report"])
+    prefix = json.loads((run_dir / "meta.json").read_text())["target"]["request_ids"]
+    server_ids = [v["server_id"] for v in json.loads((run_dir / "postmortem.json").read_text())["verdicts"]]
+    assert server_ids and all(f"{prefix}-" in name for name in server_ids), server_ids
+    assert told.exit_code == 0 and "server id" in told.output and server_ids[0] in told.output, told.output
     again = CliRunner().invoke(main, ["analyze", str(run_dir), "--ledger-log", str(tmp_path / "hot.log")])
     assert again.exit_code == 2 and "--ledger-log" in again.output and "already has a ledger" in again.output
     (run_dir / "ledger.jsonl").unlink()

@@ -1,5 +1,7 @@
 """The public ledger schema and the log-line adapter: a foreign engine's log is attributed like ours."""
 
+import json
+
 import pytest
 
 from forensics import SchemaError
@@ -91,3 +93,40 @@ def test_a_bad_donation_from_a_corrupted_donor_is_inherited_and_confirms_no_writ
     assert victim.verdict == "bad-at-donate" and victim.inherited == "donor"
     status = {h["hypothesis"]: h for h in both.hypotheses}["bad-at-donate"]
     assert status["status"] != "confirmed" and "poison passed on" in status["detail"]
+
+
+SENT = "hammer-5eed0001"  # the run's X-Request-Id prefix (meta.target.request_ids)
+
+
+@pytest.mark.parametrize("rid, renamed", [
+    (f"{SENT}-r1", "r1"),  # the header as the server's own id
+    (f"cmpl-{SENT}-r1", "r1"),  # behind a prefix (vLLM, mini-engine)
+    (f"chatcmpl-{SENT}-r1-9f8e7d6c", "r1"),  # and a random suffix (vLLM since late 2025)
+    (f"1_cmpl-{SENT}-r1-9f8e7d6c", "r1#1"),  # vLLM's child of a parallel-sampling request: choice 1
+    (f"cmpl-{SENT}-r1#2", "r1#2"),  # mini-engine's choice 2
+    (f"cmpl-{SENT}-r1-c000-9f8e7d6c", "r1-c000"),  # the longest sent id wins: not r1 with a suffix
+    ("srv-7", "r2"),  # the response id the run recorded (server_id)
+    ("echoed-3", "r3"),  # the request_id the server echoed (forensics)
+    (f"x{SENT}-r1", f"x{SENT}-r1"),  # not at a boundary: another client's id, kept
+    (f"cmpl-{SENT}-r9", f"cmpl-{SENT}-r9"),  # an id this run never sent: kept
+    ("cmpl-hammer-0ther000-r1", "cmpl-hammer-0ther000-r1"),  # another run's: kept
+])
+def test_a_servers_rows_are_renamed_by_any_id_it_knew_the_request_by(tmp_path, rid, renamed):
+    """``hammer analyze --ledger-log``: a row's rid names a run's request if it holds the X-Request-Id the request was
+    sent with (under whatever the server wrapped it in), the id its response carried, or the id it echoed."""
+    from forensics import RunDir, RunMeta
+    from hammer.ledger_logs import attach_ledger_logs
+
+    run = RunDir.create(tmp_path, RunMeta(target={"kind": "http", "request_ids": SENT}, patterns=(),
+                                          seeds={"pattern": 0}))
+    with run.writer() as history:
+        for name, ended in (("r1", {}), ("r1-c000", {}), ("r2", {"server_id": "srv-7"}),
+                            ("r3", {"forensic": {"request_id": "echoed-3"}})):
+            history.append("invoke", name, arm="hammer", key=name)
+            history.append("ok", name, text="x", **ended)
+    log = tmp_path / "server.jsonl"
+    log.write_text(json.dumps({"type": "slot_write", "rid": rid, "slot": 1, "position": 5, "checksum": 7}) + "\n"
+                   + json.dumps({"type": "slot_write", "rid": f"{SENT}-r3", "slot": 2, "position": 5, "checksum": 8})
+                   + "\n")
+    attach_ledger_logs(run.path, log)
+    assert [row["rid"] for row in run.ledger()] == [renamed, "r3"]

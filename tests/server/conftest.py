@@ -9,13 +9,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
 import pytest
 import uvicorn
+from starlette.types import ASGIApp
 
 from mini_engine.engine import Engine, EngineConfig
 from mini_engine.server import create_app
@@ -68,9 +69,12 @@ def poll_until(observe, what: str, deadline_s: float = 30.0, interval_s: float =
 
 
 @contextmanager
-def live_server(engine: Engine, **app_options) -> Iterator[LiveServer]:
-    """Serve ``engine`` (from here on its engine thread owns it) until the block ends."""
+def live_server(engine: Engine, *, wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+                **app_options) -> Iterator[LiveServer]:
+    """Serve ``engine`` (from here on its engine thread owns it) until the block ends; ``wrap``: middleware
+    around the app (another server's behaviour in front of the engine)."""
     app = create_app(engine, **app_options)
+    app = wrap(app) if wrap is not None else app
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
