@@ -6,7 +6,9 @@ are two programs, and the compiler may lay a tile out otherwise in each (a load'
 alignment it can prove), so a reduction may add in another order: a sequence's bits would then follow what it
 was packed with, on a GPU only (the interpreter runs every program the same way). Here every launch of the
 Triton forward is recorded, not run, for packs of one decode row, one prompt, and several sequences mid-chunk,
-and each launch site (kernel, constexprs, options and the engine's calling lines) must meet one specialisation.
+and of the decode step for batches of 1 to 17 sequences, and each launch site (kernel, constexprs, options and
+the engine's calling lines) must meet one specialisation. For the decode step it is also warm-up time: each
+variant is a compile, and a CUDA graph per batch size would otherwise compile new ones as the batch grows.
 """
 
 import traceback
@@ -80,3 +82,35 @@ def _differences(site: tuple, variants: dict[tuple, str]) -> str:
     return f"{site[0]}.{site[1]} at {site[4][-1]}: " + "; ".join(
         f"{pack}: " + " ".join(f"{name}={kind}/{attribute or '-'}" for name, kind, attribute in args if name in names)
         for args, pack in variants.items())
+
+
+def test_a_decode_step_compiles_one_specialisation_per_launch_site_whatever_the_batch(monkeypatch):
+    """Decode steps of 1, 2, 3, 16 and 17 sequences, with the GDN layer in three launches and in one, cuBLAS and
+    Triton gemms: every launch site meets one specialisation, so growing the batch compiles nothing new (the step's
+    index rows lie at multiples of the batch: their alignment, and a stride of 1, follow the batch size)."""
+    from mini_engine.device.sim import SimDevice
+    from mini_engine.engine.storage import KVStorage, StateStorage
+    from mini_engine.model.decode import DecodeModel, Pools, decode_step
+
+    seen: dict[tuple, dict[tuple, str]] = {}
+    batch = ""
+
+    def record(self, *args, grid, warmup, **kwargs):
+        site, specialised = _specialisation(self.fn, self.kwargs, args, kwargs)
+        seen.setdefault(site, {}).setdefault(specialised, batch)
+
+    monkeypatch.setattr(InterpretedFunction, "run", record)
+    model = build_builtin("tiny-random")
+    config = model.config
+    states = StateStorage(config, 20, SimDevice(), running=True)
+    kv = KVStorage(config, 80, 16, SimDevice())
+    pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
+    for decoder in (DecodeModel(model), DecodeModel(model, gdn="fused"), DecodeModel(model, gemm="triton")):
+        for size in (1, 2, 3, 16, 17):
+            batch = f"batch {size}"
+            table = torch.arange(1, 1 + size * 4, dtype=torch.int32).reshape(size, 4)
+            decode_step(decoder, pools, torch.arange(size) + 3, list(range(1, size + 1)), [5 + i for i in range(size)],
+                        table)
+    assert len(seen) > 8  # every kernel of the step was launched and recorded
+    following = {site: variants for site, variants in seen.items() if len(variants) > 1}
+    assert not following, "\n".join(_differences(site, variants) for site, variants in following.items())

@@ -108,7 +108,8 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, table_ptr, cu_q_ptr, lens_ptr, out_ptr,
              mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["batch"])  # one compile for every batch size
+# One compile for every batch size: the lengths are an index row at an offset of the batch.
+@triton.jit(do_not_specialize=["batch"], do_not_specialize_on_alignment=["lens_ptr"])
 def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, lse_ptr, gate_ptr, batch, scale,
                    head_dim, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                    stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_gb,

@@ -59,7 +59,9 @@ def _conv_heads(x_row, w, w_stride, state_row, state_stride, channels, CONV_W: t
     return out
 
 
-@triton.jit(do_not_specialize=["batch", "out_rows"])  # one compile for every batch size
+# One compile for every batch size and layer: an index row lies at an offset of the batch, a layer's run rows
+# at an offset of the layer.
+@triton.jit(do_not_specialize=["batch", "out_rows"], do_not_specialize_on_alignment=["pending_slots", "run_rows"])
 def _gdn_step_kernel(x, x_stride, w, w_stride, conv_pool, conv_slot_stride, conv_state_stride, slots, a, b, ab_stride,
                      A_log, dt_bias, scratch, pending, pending_slot_stride, pending_slots, pending_rows, rec,
                      rec_slot_stride, run, run_rows, run_rows_stride, rows, z, z_stride, norm_weight, eps, out,

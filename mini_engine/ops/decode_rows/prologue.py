@@ -20,7 +20,8 @@ __all__ = ["INDEX_FIELDS", "decode_prologue"]
 INDEX_FIELDS = ("slots", "positions", "rows", "pending_slots", "pending_rows", "seq_lens", "kv_rows")
 
 
-@triton.jit(do_not_specialize=["batch"])  # one compile for every batch size
+# One compile for every batch size: the inputs' row stride is the batch (1 would be a constant, 16 a multiple).
+@triton.jit(do_not_specialize=["batch", "inputs_stride"])
 def _prologue_kernel(inputs, inputs_stride, batch, table, table_stride, tokens, embed, embed_stride, x, x_stride,
                      index, hidden, PAGE: tl.constexpr, ALIGN: tl.constexpr, BY_SLOT: tl.constexpr,
                      BLOCK: tl.constexpr):

@@ -139,7 +139,7 @@ def _conv_window(x_row, w, w_stride, state_row, state_stride, c, WIDTH: tl.const
     return out, tail
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pending_slots"])  # an index row at an offset of the batch
 def _conv_gdn_rows_kernel(x, x_stride, w, w_stride, pool, slot_stride, state_stride, slots, a, b, ab_stride, A_log,
                           dt_bias, out, pending, pending_slot_stride, pending_slots, pending_rows, HK, HV, KEY_DIM,
                           VALUE_DIM, WIDTH, threshold, CONV_W: tl.constexpr, BLOCK_W: tl.constexpr, DK: tl.constexpr,
@@ -201,7 +201,7 @@ def _page_offsets(kv_rows, r, h, d, page_stride, HKV, D: tl.constexpr, PAGE: tl.
     return (kv_row // PAGE) * page_stride + ((kv_row % PAGE) * HKV + h) * D + d
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["positions"])  # an index row at an offset of the batch
 def _qk_norm_rope_kernel(qkv, qkv_stride, positions, q_weight, k_weight, inv_freq, q_out, k_out, v_out, HQ, HKV,
                          eps, k_cache, v_cache, kv_rows, page_stride, D: tl.constexpr, ROTARY: tl.constexpr,
                          BLOCK_D: tl.constexpr, PAGE: tl.constexpr, TO_PAGES: tl.constexpr):

@@ -107,7 +107,7 @@ def _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN: tl.constexpr)
         tl.store(run_rows + slot * run_rows_stride + (n_pending + 1) % 2, tl.where(n_pending == 63, -1, n_pending + 1))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["run_rows"])  # one layer's rows at an offset of the layer
 def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, run, run_rows,
                            run_rows_stride, slots, rows, out, scale, HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
                            K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_RUN: tl.constexpr):
