@@ -43,18 +43,32 @@ def _specialisation(fn, kwargs_of_kernel: dict, args: tuple, kwargs: dict) -> tu
     return (fn.__module__, fn.__name__, tuple(constexprs), tuple(sorted(options.items())), calling), tuple(specialised)
 
 
+class Launches:
+    """Every Triton launch from here on, recorded instead of run: launch site -> {specialisation: the ``label`` of
+    the workload that first met it}."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.seen: dict[tuple, dict[tuple, str]] = {}
+        self.label = ""
+        launches = self
+
+        def record(self, *args, grid, warmup, **kwargs):
+            site, specialised = _specialisation(self.fn, self.kwargs, args, kwargs)
+            launches.seen.setdefault(site, {}).setdefault(specialised, launches.label)
+
+        monkeypatch.setattr(InterpretedFunction, "run", record)
+
+    def assert_one_specialisation_per_site(self, at_least: int) -> None:
+        assert len(self.seen) > at_least  # every kernel of the path was launched and recorded
+        following = {site: variants for site, variants in self.seen.items() if len(variants) > 1}
+        assert not following, "\n".join(_differences(site, variants) for site, variants in following.items())
+
+
 def test_a_triton_forward_compiles_one_specialisation_per_launch_site_whatever_the_pack(monkeypatch):
     """Packs of one decode row (a pack of one row makes views whose strides are otherwise free), one prompt, and
     four sequences (two continuing mid-chunk with pending rows, one decode row): every launch site meets one
     specialisation."""
-    seen: dict[tuple, dict[tuple, str]] = {}
-    pack = ""
-
-    def record(self, *args, grid, warmup, **kwargs):
-        site, specialised = _specialisation(self.fn, self.kwargs, args, kwargs)
-        seen.setdefault(site, {}).setdefault(specialised, pack)
-
-    monkeypatch.setattr(InterpretedFunction, "run", record)
+    launches = Launches(monkeypatch)
     model = build_builtin("tiny-random")
     gen = torch.Generator().manual_seed(0)
 
@@ -62,17 +76,14 @@ def test_a_triton_forward_compiles_one_specialisation_per_launch_site_whatever_t
         return torch.randint(0, 256, (n,), generator=gen)
 
     def forward(name, prompts, states):
-        nonlocal pack
-        pack = name
+        launches.label = name
         return [out.state for out in model(prompts, states, kernels="triton", snapshots="last")]
 
     forward("one row", [tokens(1)], [model.new_state()])
     started = forward("one prompt", [tokens(100), tokens(70)], [model.new_state(), model.new_state()])
     forward("four sequences", [tokens(1), tokens(30), tokens(3), tokens(64)],
             [started[0], started[1], model.new_state(), model.new_state()])
-    assert len(seen) > 20  # every kernel of the forward was launched and recorded
-    following = {site: variants for site, variants in seen.items() if len(variants) > 1}
-    assert not following, "\n".join(_differences(site, variants) for site, variants in following.items())
+    launches.assert_one_specialisation_per_site(at_least=20)
 
 
 def _differences(site: tuple, variants: dict[tuple, str]) -> str:
@@ -92,14 +103,7 @@ def test_a_decode_step_compiles_one_specialisation_per_launch_site_whatever_the_
     from mini_engine.engine.storage import KVStorage, StateStorage
     from mini_engine.model.decode import DecodeModel, Pools, decode_step
 
-    seen: dict[tuple, dict[tuple, str]] = {}
-    batch = ""
-
-    def record(self, *args, grid, warmup, **kwargs):
-        site, specialised = _specialisation(self.fn, self.kwargs, args, kwargs)
-        seen.setdefault(site, {}).setdefault(specialised, batch)
-
-    monkeypatch.setattr(InterpretedFunction, "run", record)
+    launches = Launches(monkeypatch)
     model = build_builtin("tiny-random")
     config = model.config
     states = StateStorage(config, 20, SimDevice(), running=True)
@@ -107,10 +111,8 @@ def test_a_decode_step_compiles_one_specialisation_per_launch_site_whatever_the_
     pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
     for decoder in (DecodeModel(model), DecodeModel(model, gdn="fused"), DecodeModel(model, gemm="triton")):
         for size in (1, 2, 3, 16, 17):
-            batch = f"batch {size}"
+            launches.label = f"batch {size}"
             table = torch.arange(1, 1 + size * 4, dtype=torch.int32).reshape(size, 4)
             decode_step(decoder, pools, torch.arange(size) + 3, list(range(1, size + 1)), [5 + i for i in range(size)],
                         table)
-    assert len(seen) > 8  # every kernel of the step was launched and recorded
-    following = {site: variants for site, variants in seen.items() if len(variants) > 1}
-    assert not following, "\n".join(_differences(site, variants) for site, variants in following.items())
+    launches.assert_one_specialisation_per_site(at_least=8)
