@@ -76,8 +76,10 @@ def execute(*, target: str, plan: SoakPlan | None, out: Path, engine: Mapping[st
         runner.check()  # an unreachable target fails before a run directory exists; meta names the server
         run, first = RunDir.create(out, _meta(runner, plan, command)), 0
     runner.attach(run.path)
-    echo(f"hammer: seed {plan.seed}, patterns {', '.join(plan.patterns)}, target {runner.describe().get('url', EMBEDDED)}"
-         f", faults {', '.join(runner.faults) or 'none'} -> {run.path}")
+    described = runner.describe()
+    sent = f" (X-Request-Id {described['request_ids']}-<request>)" if described.get("request_ids") else ""
+    echo(f"hammer: seed {plan.seed}, patterns {', '.join(plan.patterns)}, target {described.get('url', EMBEDDED)}"
+         f"{sent}, faults {', '.join(runner.faults) or 'none'} -> {run.path}")
     try:
         run_soak(runner, run, plan, first_round=first, progress=progress)
     finally:

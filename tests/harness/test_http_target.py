@@ -222,6 +222,7 @@ def test_hammer_run_against_the_server_exits_0(servers, tmp_path):
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "last" / "meta.json").read_text())
     assert meta["target"]["server"] == "mini-engine" and meta["target"]["control_url"] == cold.url
+    assert f"(X-Request-Id {meta['target']['request_ids']}-<request>)" in result.output
     assert "verdict             CLEAN" in result.output and "unknown" not in result.output
 
 
