@@ -26,6 +26,7 @@ adapter for engines that log rather than write JSON: every line holding ``LEDGER
 key=value ...`` becomes a row (values: decimal or ``0x`` integers, ``true``/``false``, or text;
 ``rid``, ``owner``, ``role``, ``prefix``, ``policy``, ``name`` are always text);
 everything else on the line and every other line is ignored, so a whole server log can be fed.
+``log_line`` writes that form: an engine logs ``log_line(row)`` and the adapter reads the row back.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from typing import Any
 from forensics.attribute import Attribution, attribute, inherited_detail
 from forensics.schema import SchemaError
 
-__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "LedgerWriter", "adopt_rows", "attribute_streams", "parse_log_lines", "streams",
-           "validate_row"]
+__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "LedgerWriter", "adopt_rows", "attribute_streams", "log_line",
+           "parse_log_lines", "streams", "validate_row"]
 
 LEDGER_VERSION = 1
 
@@ -172,6 +173,33 @@ def parse_log_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
             raise SchemaError(f"line {number}: {err}") from None
         rows.append(row)
     return rows
+
+
+def log_line(row: Mapping[str, Any]) -> str:
+    """``row`` in the log form, ``LEDGER <type> key=value ...`` (checksums in hex, text quoted where it must be):
+    what an engine that logs rather than writes JSON emits, and ``parse_log_lines`` reads back as the same row.
+    SchemaError, naming the field, for what would not read back the same: None, a float, a list or a mapping, a
+    boolean in a text field, text that does not print (a line break), or text in another field that would read
+    back as a number or a boolean."""
+    validate_row({"seq": 0, **row})  # the log form may leave seq out: line order numbers the rows
+    words = ["LEDGER", str(row["type"])]
+    for key, value in row.items():
+        if key == "type":
+            continue
+        if not isinstance(key, str) or not key or "=" in key or key != shlex.quote(key):
+            raise SchemaError(f"ledger row {row['type']!r}: field name {key!r} cannot be written as key=value")
+        if isinstance(value, bool) and key not in _TEXT_FIELDS:
+            text = "true" if value else "false"
+        elif isinstance(value, int) and not isinstance(value, bool) and key not in _TEXT_FIELDS:
+            text = f"{value:#x}" if key.endswith("checksum") else str(value)
+        elif isinstance(value, str) and (key in _TEXT_FIELDS or _value(value) == value) and value.isprintable():
+            text = shlex.quote(value)
+        else:
+            raise SchemaError(f"ledger row {row['type']!r}: {key}={value!r} would not read back from a log line "
+                              f"(the log form carries integers, true/false and text; {key!r} is "
+                              f"{'text' if key in _TEXT_FIELDS else 'not a text field'})")
+        words.append(f"{key}={text}")
+    return " ".join(words)
 
 
 def adopt_rows(rows: Iterable[Mapping[str, Any]], ids: Mapping[str, str], *, engine: str) -> list[dict[str, Any]]:

@@ -3,13 +3,13 @@ real ``mini-engine`` server hammered through it shows no corruption (abandon = a
 
 import base64
 import json
-import shlex
 
 import httpx
 import pytest
 from click.testing import CliRunner
 
 from forensics import HistoryWriter, fold_history, read_history
+from forensics.ledger import log_line
 from hammer.cli import main
 from hammer.interpreter import run_ops
 from hammer.patterns import HAMMER_ARM, Op, generate_ops
@@ -251,18 +251,15 @@ def test_the_model_card_says_whether_the_engine_is_bit_exact(servers):
 
 class ForeignLog:
     """A server's log as another engine would keep it: ordinary lines, and its slot ledger as ``LEDGER <type>
-    key=value`` lines (the public schema's log form), under the server's own request ids."""
+    key=value`` lines (the public schema's log form, ``forensics.ledger.log_line``), under the server's own request
+    ids."""
 
     def __init__(self, path):
         self.handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 -- the engine thread writes until closed
 
     def __call__(self, row) -> None:
-        def text(value):
-            return "true" if value is True else "false" if value is False else shlex.quote(str(value))
-
-        fields = " ".join(f"{k}={text(v)}" for k, v in row.items() if k != "type")
         self.handle.write(f"2026-12-05 10:00:00 INFO step {row.get('step')}\n")
-        self.handle.write(f"2026-12-05 10:00:00 DEBUG LEDGER {row['type']} {fields}\n")
+        self.handle.write(f"2026-12-05 10:00:00 DEBUG {log_line(row)}\n")
         self.handle.flush()
 
 

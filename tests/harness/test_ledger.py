@@ -3,9 +3,11 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from forensics import SchemaError
-from forensics.ledger import attribute_streams, parse_log_lines, streams, validate_row
+from forensics.ledger import attribute_streams, log_line, parse_log_lines, streams, validate_row
 
 FOREIGN_LOG = """\
 2026-12-02 10:00:01 INFO scheduler: batch 41 built (3 reqs)
@@ -130,3 +132,41 @@ def test_a_servers_rows_are_renamed_by_any_id_it_knew_the_request_by(tmp_path, r
                    + "\n")
     attach_ledger_logs(run.path, log)
     assert [row["rid"] for row in run.ledger()] == [renamed, "r3"]
+
+
+# Text that prints (what a log line can hold): str.isprintable()'s characters, the space included.
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"),
+                             include_characters=" "), max_size=12)
+ROWS = st.one_of(
+    st.fixed_dictionaries({"type": st.just("slot_write"), "seq": st.integers(0, 10**9), "rid": TEXT,
+                           "slot": st.integers(0, 4096), "position": st.integers(0, 10**6),
+                           "checksum": st.integers(0, 2**64 - 1)}, optional={"step": st.integers(0, 10**6)}),
+    st.fixed_dictionaries({"type": st.just("donate"), "seq": st.integers(0, 10**9), "rid": TEXT,
+                           "slot": st.integers(0, 9), "position": st.integers(0, 10**6), "prefix": st.sampled_from(["1234", "9f00aa", "0x10"]),
+                           "policy": st.sampled_from(["copy", "transfer"])}),
+    st.fixed_dictionaries({"type": st.just("fault"), "seq": st.integers(0, 10**9), "name": TEXT,
+                           "site": st.sampled_from(["restore", "finish donation"]), "fired": st.booleans()}),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(row=ROWS)
+def test_a_logged_row_reads_back_as_itself(row):
+    """``log_line`` then ``parse_log_lines``: the same row, whatever its text (spaces, quotes, '=', digits-only ids),
+    with a server's own words before LEDGER on the line."""
+    assert parse_log_lines([f"2026-12-05 10:00:00 DEBUG engine: {log_line(row)}"]) == [row]
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"type": "slot_write", "rid": "r", "slot": 1, "position": 2, "checksum": None}, "checksum"),
+    ({"type": "slot_write", "rid": "r", "slot": 1.5, "position": 2, "checksum": 3}, "slot"),
+    ({"type": "fault", "name": "x", "details": {"a": 1}}, "details"),
+    ({"type": "fault", "name": True}, "name"),
+    ({"type": "fault", "name": "x", "site": "17"}, "site"),  # would read back as the number 17
+    ({"type": "fault", "name": "x", "bad key": 1}, "bad key"),
+    ({"type": "fault", "name": "two\nlines"}, "name"),
+    ({"type": "slot_write", "rid": "r", "slot": 1}, "lacks"),  # a required field missing
+])
+def test_a_row_the_log_form_cannot_carry_is_refused_naming_the_field(row, field):
+    with pytest.raises(SchemaError, match=field):
+        log_line(row)
