@@ -360,8 +360,12 @@ def _print_summary(summary: dict) -> None:
         anomalies = summary.get("anomalies") or []
         why = f"{c.get('unknown', 0)} request(s) not judged, {len(anomalies)} anomalies"
         verdict += f" but unknown: {why}" + (f", e.g. {anomalies[0]}" if anomalies else "")
+    unreported = c.get("hits_unreported", 0)
+    shown = hits if not unreported else (
+        f"{hits}; {unreported} completed request(s) report no cached_tokens, hit or miss unknown (a server "
+        "reports it in usage.prompt_tokens_details; vLLM: --enable-prompt-tokens-details)")
     rows = [("requests", c.get("requests", 0)), ("hammer / control", f"{c.get('hammer', 0)} / {c.get('controls', 0)}"),
-            ("completed", c.get("completed", 0)), ("hits", hits),
+            ("completed", c.get("completed", 0)), ("hits", shown),
             ("hit rate", f"{hits / max(1, c.get('completed', 0)):.1%}"), ("abandoned", c.get("abandoned", 0)),
             ("corrupted", c.get("corrupted", 0)), ("corrupted hits", bad),
             ("corrupted-hit rate", f"{summary['corrupted_hit_rate']:.2%} (95% Wilson upper bound {upper:.2%})"),

@@ -152,6 +152,8 @@ def _counts(rows: tuple[VerdictRow, ...]) -> dict[str, int]:
     return {
         "requests": len(rows), "hammer": len(hammer), "controls": len(rows) - len(hammer),
         "completed": len(completed), "hits": sum(1 for r in completed if r.hit),
+        # completed without cached_tokens: hit or miss unknown (vLLM reports it with --enable-prompt-tokens-details)
+        "hits_unreported": sum(1 for r in completed if r.hit is None),
         "corrupted": sum(1 for r in completed if r.corrupted),
         "corrupted_hits": sum(1 for r in completed if r.corrupted and r.hit),
         "unknown": sum(1 for r in completed if any(c.valid == UNKNOWN for c in r.checks.values())),

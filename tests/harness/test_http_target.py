@@ -265,20 +265,40 @@ class ForeignLog:
 
 class WithoutForensics:
     """A server that says nothing beyond the OpenAI API (vLLM, SGLang): mini-engine's streamed chunks with the
-    ``forensics`` extension cut out. Its requests are still named after the X-Request-Id sent (``cmpl-<id>``)."""
+    ``forensics`` extension cut out, and with ``cached_tokens=False`` the usage's ``prompt_tokens_details`` too
+    (vLLM without --enable-prompt-tokens-details). Its requests are still named after the X-Request-Id sent."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, *, cached_tokens: bool = True):
+        self.app, self.cached_tokens = app, cached_tokens
 
     async def __call__(self, scope, receive, send):
         async def plain(message):
             if message["type"] == "http.response.body" and message.get("body", b"").startswith(b"data: {"):
                 chunk = json.loads(message["body"][6:])
                 chunk.pop("forensics", None)
+                if not self.cached_tokens and chunk.get("usage"):
+                    chunk["usage"].pop("prompt_tokens_details", None)
                 message = {**message, "body": f"data: {json.dumps(chunk)}\n\n".encode()}
             await send(message)
 
         await self.app(scope, receive, plain)
+
+
+def test_a_server_that_reports_no_cached_tokens_is_not_said_to_have_no_hits(tiny_model, tmp_path):
+    """Without cached_tokens a hit cannot be told from a miss: the summary says so and how to turn it on, rather
+    than "hits 0"; the run is still judged against its controls."""
+    def plain(app):
+        return WithoutForensics(app, cached_tokens=False)
+
+    with live_server(Engine(EngineConfig(), model=tiny_model), wrap=plain) as hot, \
+            live_server(Engine(EngineConfig(enable_cache=False), model=tiny_model), wrap=plain) as cold:
+        result = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "6", "--target", hot.url,
+                                           "--control-url", cold.url, "--no-report", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    counts = json.loads((tmp_path / "last" / "summary.json").read_text())["counts"]
+    assert counts["hits"] == 0 and counts["hits_unreported"] == counts["completed"] > 0
+    assert f"{counts['completed']} completed request(s) report no cached_tokens" in result.output
+    assert "--enable-prompt-tokens-details" in result.output
 
 
 @pytest.mark.parametrize("echoed", [True, False], ids=["forensics-echoed", "openai-only"])
