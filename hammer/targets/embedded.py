@@ -16,6 +16,7 @@ writes them into the history.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,10 @@ class EngineLane(Lane):
     def __init__(self, engine_of: Any, name: str, round_index: int, ledger: LedgerWriter | None) -> None:
         super().__init__()
         self.name, self.round, self.ledger = name, round_index, ledger
-        self.engine: Engine = engine_of(self._sink)
+        # The engine reaches its lane through a weak reference: lane -> engine -> sink -> lane would be a cycle, and
+        # a cycle's engine (its slot pools: gigabytes on a GPU) lives on past its round until the cyclic GC runs.
+        lane = weakref.ref(self)
+        self.engine: Engine = engine_of(lambda event: (alive := lane()) is not None and alive._sink(event))
         self._choices: dict[str, list[str]] = {}
         self._seen: dict[str, int] = {}
         self._reported: set[str] = set()
@@ -150,6 +154,7 @@ class EmbeddedTarget(SteppedTarget):
     def begin_round(self, index: int) -> None:
         hammer = {**self.options, "device_seed": round_device_seed(self.options, index)}
         control = {**hammer, "faults": (), "enable_cache": False}
+        self._lanes = {}  # the last round's engines go before this round's are built: never two rounds' pools at once
         self._lanes = {HAMMER_ARM: EngineLane(self._engine_of(hammer), "hammer", index, self.ledger),
                        CONTROL_ARM: EngineLane(self._engine_of(control), "control", index, self.ledger)}
 
@@ -162,5 +167,6 @@ class EmbeddedTarget(SteppedTarget):
         return self._lanes[arm]
 
     def close(self) -> None:
+        self._lanes = {}
         if self.ledger is not None:
             self.ledger.close()

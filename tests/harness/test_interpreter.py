@@ -114,3 +114,29 @@ def test_each_round_gets_its_own_device_seed_but_cuda_seed_zero_stays_the_gpus_o
     assert [round_device_seed({}, r) for r in range(3)] == [0, 1, 2]  # the sim: a schedule per round
     assert [round_device_seed({"device": "cuda"}, r) for r in range(3)] == [0, 0, 0]  # no nemesis unless asked
     assert [round_device_seed({"device": "cuda", "device_seed": 2}, r) for r in range(3)] == [2, 3, 4]
+
+
+def test_a_rounds_engines_are_freed_when_the_next_round_begins(tiny_model, tmp_path):
+    """Without the cyclic GC: a round's engines (their slot pools, gigabytes on a GPU at a production model's size)
+    are gone once the next round's are built, and after close(), with the ledger still written by the live ones."""
+    import gc
+    import weakref
+
+    target = EmbeddedTarget({}, model=tiny_model, ledger=tmp_path / "ledger.jsonl")
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        target.begin_round(0)
+        first = [weakref.ref(target.lane(arm).engine) for arm in ("hammer", "control-cold")]
+        run(target, generate_ops("alternate-abandon", 1, 2), tmp_path / "h.jsonl")
+        target.begin_round(1)
+        assert [ref() for ref in first] == [None, None]
+        second = [weakref.ref(target.lane(arm).engine) for arm in ("hammer", "control-cold")]
+        run(target, generate_ops("alternate-abandon", 2, 2), tmp_path / "h2.jsonl")
+        target.close()
+        assert [ref() for ref in second] == [None, None]
+    finally:
+        if collecting:
+            gc.enable()
+    rounds = {row["round"] for row in map(json.loads, (tmp_path / "ledger.jsonl").read_text().splitlines())}
+    assert rounds == {0, 1}
