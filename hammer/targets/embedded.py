@@ -15,8 +15,8 @@ writes them into the history.
 
 from __future__ import annotations
 
+import gc
 import os
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,10 +41,7 @@ class EngineLane(Lane):
     def __init__(self, engine_of: Any, name: str, round_index: int, ledger: LedgerWriter | None) -> None:
         super().__init__()
         self.name, self.round, self.ledger = name, round_index, ledger
-        # The engine reaches its lane through a weak reference: lane -> engine -> sink -> lane would be a cycle, and
-        # a cycle's engine (its slot pools: gigabytes on a GPU) lives on past its round until the cyclic GC runs.
-        lane = weakref.ref(self)
-        self.engine: Engine = engine_of(lambda event: (alive := lane()) is not None and alive._sink(event))
+        self.engine: Engine = engine_of(self._sink)
         self._choices: dict[str, list[str]] = {}
         self._seen: dict[str, int] = {}
         self._reported: set[str] = set()
@@ -154,7 +151,7 @@ class EmbeddedTarget(SteppedTarget):
     def begin_round(self, index: int) -> None:
         hammer = {**self.options, "device_seed": round_device_seed(self.options, index)}
         control = {**hammer, "faults": (), "enable_cache": False}
-        self._lanes = {}  # the last round's engines go before this round's are built: never two rounds' pools at once
+        self._release()  # the last round's engines go before this round's are built: never two rounds' pools at once
         self._lanes = {HAMMER_ARM: EngineLane(self._engine_of(hammer), "hammer", index, self.ledger),
                        CONTROL_ARM: EngineLane(self._engine_of(control), "control", index, self.ledger)}
 
@@ -167,6 +164,14 @@ class EmbeddedTarget(SteppedTarget):
         return self._lanes[arm]
 
     def close(self) -> None:
-        self._lanes = {}
+        self._release()
         if self.ledger is not None:
             self.ledger.close()
+
+    def _release(self) -> None:
+        """Free the lanes' engines now. An engine sits in reference cycles (its lane's ledger sink, its cache manager's
+        callbacks into it), which only the cyclic GC frees, whenever it next runs: until then a finished round's slot
+        pools (6 GB an engine on the 0.8B model, on the GPU) stay allocated, and an H100 ran out of memory."""
+        if self._lanes:
+            self._lanes = {}
+            gc.collect()

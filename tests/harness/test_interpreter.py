@@ -117,12 +117,13 @@ def test_each_round_gets_its_own_device_seed_but_cuda_seed_zero_stays_the_gpus_o
 
 
 def test_a_rounds_engines_are_freed_when_the_next_round_begins(tiny_model, tmp_path):
-    """Without the cyclic GC: a round's engines (their slot pools, gigabytes on a GPU at a production model's size)
-    are gone once the next round's are built, and after close(), with the ledger still written by the live ones."""
+    """With the cyclic GC off (it runs when Python's object counts say, not when a GPU is full): a round's engines
+    (their slot pools, gigabytes on a GPU at a production model's size) are gone before the next round's are built,
+    and after close(); reference states on, whose callback makes a cycle inside the engine too."""
     import gc
     import weakref
 
-    target = EmbeddedTarget({}, model=tiny_model, ledger=tmp_path / "ledger.jsonl")
+    target = EmbeddedTarget({"reference_states": True}, model=tiny_model, ledger=tmp_path / "ledger.jsonl")
     collecting = gc.isenabled()
     gc.disable()
     try:
