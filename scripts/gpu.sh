@@ -12,12 +12,14 @@
 #              hit parted from its cold run), one follow-up schedule on the sim and on the GPU and `hammer diff` of
 #              the two (the first request whose tokens or logits differ, where its state parted), then
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
-#   faults     benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
+#   faults     (ran out of an H100's memory in session 10, before the engines of finished rounds were freed:
+#              rerun it first) benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
 #              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
 #              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis?
 #   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
-#              off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
-#              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence, float32 and bfloat16)
+#              off, the ledger on; the safeguards' and the ledger's own work priced on the device), a
+#              torch.profiler table of one ledger run (where its host time goes: 75 us a row on the H100, 25 %
+#              of the run), then benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence)
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
 #              1.6 GB roofline) in bfloat16 against transformers on the same weights, each GDN layer in
 #              three launches and in one (decode_gdn), then a batch-1 profile of a decode step of each
@@ -79,6 +81,9 @@ case "$part" in
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json"
+        step 200 ledger_profile python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 1 --modes "copy, overlap, ledger" --profile "$out/ledger_profile.txt" \
+            --out "$out/ledger_profile.json"
         step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json" ;;
     decode)
