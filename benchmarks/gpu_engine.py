@@ -200,7 +200,7 @@ def main() -> None:
             hf = Qwen3_5ForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).cuda().eval()
             for batch in args.batches:
                 rows.append({"engine": f"transformers.generate ({dtype})", "weight_bytes": weight_bytes(hf),
-                             **decode_rate(lambda b, p, n: hf_seconds(hf, b, p, n), batch, args)})
+                             **decode_rate(lambda b, p, n, model=hf: hf_seconds(model, b, p, n), batch, args)})
             del hf
             torch.cuda.empty_cache()
     for r in rows:  # steps/s if every step read every weight once at the copy bandwidth
