@@ -29,7 +29,7 @@ from typing import Any
 
 from forensics.ledger import streams
 
-__all__ = ["Divergence", "divergences", "partings"]
+__all__ = ["Divergence", "divergences", "first_mismatch", "partings"]
 
 Row = Mapping[str, Any]
 
@@ -154,9 +154,14 @@ class _LiveWrites:
         return 0 if row.get("batch") is None else self.batch_items[row["batch"]]
 
 
+def first_mismatch(ours: Sequence[Any], theirs: Sequence[Any]) -> int | None:
+    """The first position where two sequences differ (where the shorter ends, if one is the other's prefix);
+    None when they are equal."""
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                None if len(ours) == len(theirs) else min(len(ours), len(theirs)))
+
+
 def _first_token(logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None, rid: str) -> int | None:
     if not logits or rid not in logits:
         return None
-    ours, theirs = logits[rid]
-    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
-                None if len(ours) == len(theirs) else min(len(ours), len(theirs)))
+    return first_mismatch(*logits[rid])

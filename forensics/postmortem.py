@@ -27,9 +27,8 @@ from typing import Any
 
 from forensics.divergence import Divergence
 from forensics.ledger import streams
-from forensics.records import fold_history
+from forensics.records import RequestRecord, fold_history
 from forensics.rundir import RunDir
-from forensics.schema import split_choice
 
 __all__ = ["build", "describe_row", "render", "write_postmortem"]
 
@@ -95,18 +94,16 @@ def _length(story: Mapping[str, Any]) -> int:
     return len(story["rows"]) + story["more"]
 
 
-def _server_id(record: Any, target: Mapping[str, Any]) -> str | None:
-    """The id a server filed ``record``'s request under: the one its response carried or echoed, else the
-    ``X-Request-Id`` it was sent with (an HTTP run's prefix and the request); None on an embedded run."""
+def _server_id(record: RequestRecord | None, target: Mapping[str, Any]) -> str | None:
+    """The id a server filed ``record``'s request under (``RequestRecord.server_ids``' most specific); a later choice
+    with no echo of its own: its request's ``X-Request-Id`` and the choice. None on an embedded run."""
     if record is None or target.get("kind") == "embedded":
         return None
-    sent_prefix = target.get("request_ids")
-    end = record.end or {}
-    echoed = end.get("server_id") or (end.get("forensic") or {}).get("request_id")
-    if echoed or not sent_prefix:
-        return echoed
-    request, choice = split_choice(record.request)
-    return f"{sent_prefix}-{request}" + (f" (choice {choice})" if choice else "")
+    prefix = target.get("request_ids")
+    ids = record.server_ids(prefix)
+    if ids or not prefix:
+        return ids[0] if ids else None
+    return f"{prefix}-{record.parent} (choice {record.choice})"
 
 
 def _note(verdict: Mapping[str, Any]) -> str:

@@ -90,6 +90,17 @@ class RequestRecord:
         checks = ((self.end or {}).get("forensic") or {}).get("logit_checks")
         return None if checks is None else tuple(checks)
 
+    def server_ids(self, sent_prefix: str | None = None) -> tuple[str, ...]:
+        """The ids a server may know this choice by, most specific first: the one it echoed for the choice
+        (``forensic.request_id``), and for a request's first choice the id its response carried (``server_id``)
+        and the ``X-Request-Id`` it was sent with (``<sent_prefix>-<request>``: an HTTP run's meta.target
+        ``request_ids``). A later choice shares its request's response and header: only its echo is its own."""
+        end = self.end or {}
+        ids = [(end.get("forensic") or {}).get("request_id")]
+        if self.choice == 0:
+            ids += [end.get("server_id"), f"{sent_prefix}-{self.parent}" if sent_prefix else None]
+        return tuple(dict.fromkeys(str(i) for i in ids if i is not None))
+
     @property
     def hit(self) -> bool | None:
         """cached_tokens > 0; None when the target did not report cached_tokens."""

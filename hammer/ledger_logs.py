@@ -22,9 +22,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from forensics import RunDir, choice_request_id, fold_history, read_jsonl
+from forensics import RequestRecord, RunDir, choice_request_id, fold_history, read_jsonl
 from forensics.ledger import LedgerWriter, adopt_rows, parse_log_lines
-from forensics.schema import split_choice
 from hammer.patterns import CONTROL_ARM, HAMMER_ARM
 
 __all__ = ["attach_ledger_logs"]
@@ -69,20 +68,11 @@ def attach_ledger_logs(run_dir: str | Path, hammer_log: str | Path, control_log:
     return counts
 
 
-def _server_ids(records: Iterable[Any], prefix: str | None) -> dict[str, dict[str, str]]:
+def _server_ids(records: Iterable[RequestRecord], prefix: str | None) -> dict[str, dict[str, str]]:
     """Per arm: every id a server may have filed a request's rows under -> the run's request."""
     ids: dict[str, dict[str, str]] = {HAMMER_ARM: {}, CONTROL_ARM: {}}
     for record in records:
-        request, choice = split_choice(record.request)
-        end = record.end or {}
-        named = ids[record.arm]
-        if prefix and choice == 0:
-            named[f"{prefix}-{request}"] = record.request
-        if end.get("server_id") is not None and choice == 0:
-            named[str(end["server_id"])] = record.request
-        echoed = (end.get("forensic") or {}).get("request_id")
-        if echoed is not None:
-            named[str(echoed)] = record.request
+        ids[record.arm].update(dict.fromkeys(record.server_ids(prefix), record.request))
     return ids
 
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from forensics import RunDir, fold_history
-from forensics.divergence import Divergence, partings
+from forensics.divergence import Divergence, first_mismatch, partings
 from forensics.schema import split_choice
 from hammer.runs import plan_of, target_of
 from hammer.soak import run_soak
@@ -114,11 +114,11 @@ def _stream_difference(tokens: tuple, outcome: str, checks: tuple | None, other:
         return f"{ours} {len(tokens)} tokens ({outcome}); the {theirs} run never sent it"
     again, how, again_checks = other
     if (again, how) != (tokens, outcome):
-        position = next((i for i, (a, b) in enumerate(zip(tokens, again)) if a != b), min(len(tokens), len(again)))
+        position = first_mismatch(tokens, again)
+        position = len(tokens) if position is None else position  # the same tokens, ended otherwise
         return (f"first difference at token {position}: {ours} {tokens[position:position + 4]} ({len(tokens)} "
                 f"tokens, {outcome}), {theirs} {again[position:position + 4]} ({len(again)} tokens, {how})")
     if checks is not None and again_checks is not None and checks != again_checks:
-        position = next((i for i, (a, b) in enumerate(zip(checks, again_checks)) if a != b),
-                        min(len(checks), len(again_checks)))
+        position = first_mismatch(checks, again_checks)
         return f"the same {len(tokens)} tokens, but token {position} was sampled from other logits"
     return ""

@@ -148,7 +148,11 @@ def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device
                f"dtype: {dtype}  "
                f"faults: {', '.join(sorted(engine.config.faults)) or 'none'}"
                + (f"  ledger: {ledger}" if ledger else "") + f"  listening on http://{host}:{port}")
-    run_server(create_app(engine, served_model_name=served_model_name, api_key=api_key), host=host, port=port)
+    try:
+        run_server(create_app(engine, served_model_name=served_model_name, api_key=api_key), host=host, port=port)
+    finally:
+        if rows is not None:
+            rows.close()
 
 
 @main.command()

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
 from forensics import RequestRecord
+from forensics.divergence import first_mismatch
 from probes.content import garbage_ratio, is_empty, runaway_repetition, special_token_leaks
 from probes.extract import extract
 
@@ -91,7 +92,7 @@ def reference(record: RequestRecord, ctx: Context) -> Check:
         ours, theirs = record.text, control.text
     if ours == theirs:
         return _same_logits(record, control, ctx)
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    first = first_mismatch(ours, theirs)
     details = {"control": control.request, "first_difference": first, "compared": "token_ids"
                if isinstance(ours, tuple) else "text", "output": record.text[:PREVIEW],
                "control_output": control.text[:PREVIEW]}
