@@ -14,7 +14,11 @@ summed over a step, times the layers that have it):
   configurations (which one is printed).
 
 Median of triton's ``do_bench`` (the L2 cleared before each run: the weight comes from memory, as in a
-step). TB/s counts the weight's bytes. Prints a table, writes JSON. Needs CUDA.
+step). TB/s counts the weight's bytes. A kernel timed alone between two events carries the events' own
+few microseconds, which a 10 us gemm cannot hide; so each candidate is also timed **in a graph**: a whole
+step's gemms, each on its own weight (1 GB, far past the L2) in the step's order, captured in one CUDA graph
+and replayed, as the engine's decode step runs them. That total, against the summed ``do_bench`` medians,
+says how much of a lone kernel's time is the measurement's. Prints a table, writes JSON. Needs CUDA.
 
 Usage: ``python benchmarks/decode_gemms.py [--vocab N] [--out FILE]``.
 """
@@ -78,6 +82,45 @@ def measure(shape: tuple[int, int]) -> dict:
     return {"shape": list(shape), "weight_bytes": weight.numel() * 2, "us": times, "triton_config": best._asdict()}
 
 
+def in_graph(rows: list[dict], repeats: int = 20) -> dict:
+    """Microseconds of a whole step's gemms per candidate, captured in one CUDA graph (each gemm its own weight,
+    per layer its shapes in turn, the head last; Triton with each shape's fastest configuration in ``rows``) and
+    replayed: the median of ``repeats`` replays."""
+    counts = {tuple(r["shape"]): r["per_step"] for r in rows}
+    order = list(counts)  # the step's own order (``step_weights``): a layer's shapes, then the head
+    layers = max(counts[shape] for shape in order[:-1])
+    sequence = [shape for layer in range(layers) for shape in order[:-1] if layer < counts[shape]] + [order[-1]]
+    weights = [torch.randn(n_out, n_in, device=DEVICE, dtype=torch.bfloat16) * n_in**-0.5 for n_out, n_in in sequence]
+    padded = {n_in: torch.zeros(inv.ROW_TILE, n_in, device=DEVICE, dtype=torch.bfloat16) for _, n_in in sequence}
+    for x in padded.values():
+        x[:1].normal_()
+    best_config = {tuple(r["shape"]): gemm_ops.GemmConfig(**r["triton_config"]) for r in rows}
+    gemms = {"cublas-64": lambda w: inv.linear(padded[w.shape[1]], w),
+             "cublas-16": lambda w: padded[w.shape[1]][:16] @ w.T,
+             "cublas-1": lambda w: padded[w.shape[1]][:1] @ w.T,
+             "triton": lambda w: gemm_ops.linear(padded[w.shape[1]], w, rows=1, config=best_config[tuple(w.shape)])}
+    out = {}
+    for name, gemm in gemms.items():
+        for w in weights:  # compile and warm outside the capture
+            gemm(w)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for w in weights:
+                gemm(w)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        out[name] = sorted(times)[len(times) // 2]
+        del graph
+    return {"gemms": len(sequence), "weight_bytes": sum(w.numel() * 2 for w in weights), "us": out}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=None, help="the head's ids (default the byte tokenizer's)")
@@ -99,10 +142,15 @@ def main() -> None:
                                       for c in CANDIDATES))
     print(f"the step's {weights / 1e9:.2f} GB at the copy bandwidth: {weights / COPY_BANDWIDTH * 1e6:.0f} us; the "
           f"fastest batch-invariant candidate per shape: {best:.0f} us")
+    graph = in_graph(rows)
+    print(f"{'in one graph':<25}" + "".join(f"{graph['us'][c]:>9.0f} us {weights / (graph['us'][c] * 1e-6) / 1e12:>4.2f}"
+                                           for c in CANDIDATES)
+          + f"   ({graph['gemms']} gemms on their own weights, replayed: the step's gemms as the engine runs them)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "vocab": args.vocab, "rows": rows,
-                       "step_us": totals, "best_invariant_step_us": best, "step_weight_bytes": weights}, f, indent=2)
+                       "step_us": totals, "best_invariant_step_us": best, "step_weight_bytes": weights,
+                       "in_graph": graph}, f, indent=2)
 
 
 if __name__ == "__main__":

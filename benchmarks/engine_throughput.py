@@ -195,7 +195,12 @@ def main() -> None:
 
 
 def profile(model, options: dict, settings: dict, path: str) -> None:
-    """torch.profiler's tables (by self CPU and by self device time) of one run of ``options``."""
+    """torch.profiler's tables (by self CPU and by self device time) of one run of ``options``, then cProfile's
+    of another (the Python functions the host's time goes to, which torch's op table does not name)."""
+    import cProfile
+    import io
+    import pstats
+
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -203,11 +208,20 @@ def profile(model, options: dict, settings: dict, path: str) -> None:
     with torch_profile(activities=activities) as prof:
         seconds = run(model, options, **settings)["seconds"]
     averages = prof.key_averages()
+    python = cProfile.Profile()
+    python.enable()
+    python_seconds = run(model, options, **settings)["seconds"]
+    python.disable()
     with open(path, "w") as f:
         f.write(f"{options}: {seconds:.3f} s timed under the profiler (its untimed settle pass included below)\n")
         f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
         if settings["device"] == "cuda":
             f.write(averages.table(sort_by="self_cuda_time_total", row_limit=30) + "\n")
+        for order in ("tottime", "cumulative"):
+            table = io.StringIO()
+            pstats.Stats(python, stream=table).sort_stats(order).print_stats(45)
+            f.write(f"\ncProfile of another run ({python_seconds:.3f} s timed under it), by {order}:\n"
+                    + table.getvalue())
 
 
 def _device_seconds(fn) -> float:
