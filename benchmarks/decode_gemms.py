@@ -20,7 +20,7 @@ step's gemms, each on its own weight (1 GB, far past the L2) in the step's order
 and replayed, as the engine's decode step runs them. That total, against the summed ``do_bench`` medians,
 says how much of a lone kernel's time is the measurement's. Prints a table, writes JSON. Needs CUDA.
 
-Usage: ``python benchmarks/decode_gemms.py [--vocab N] [--out FILE]``.
+Usage: ``python benchmarks/decode_gemms.py [--vocab N] [--wide] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,15 @@ def microseconds(fn) -> float:
     return do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
 
 
-def measure(shape: tuple[int, int]) -> dict:
+def wide_configs(n_out: int, n_in: int) -> list[gemm_ops.GemmConfig]:
+    """The engine's candidates (``gemm_ops.configs``) and a wider grid: column blocks of 32-128, K blocks of 128
+    or 256, 4 or 8 warps, K in 1, 2 or 4 parts whatever the width (more programs in flight per SM)."""
+    grid = [gemm_ops.GemmConfig(n, k, num_warps=w, split_k=split) for n in (32, 64, 128) for k in (128, 256)
+            for w in (4, 8) for split in (1, 2, 4) if n_in % (k * split) == 0]
+    return list(dict.fromkeys(gemm_ops.configs(n_out, n_in) + grid))
+
+
+def measure(shape: tuple[int, int], wide: bool = False) -> dict:
     n_out, n_in = shape
     weight = torch.randn(n_out, n_in, device=DEVICE, dtype=torch.bfloat16) * n_in**-0.5
     padded = torch.zeros(inv.ROW_TILE, n_in, device=DEVICE, dtype=torch.bfloat16)
@@ -76,7 +84,7 @@ def measure(shape: tuple[int, int]) -> dict:
              "cublas-16": microseconds(lambda: padded[:16] @ weight.T),
              "cublas-1": microseconds(lambda: padded[:1] @ weight.T)}
     triton_times = {config: microseconds(lambda c=config: gemm_ops.linear(padded, weight, rows=1, config=c))
-                    for config in gemm_ops.configs(n_out, n_in)}
+                    for config in (wide_configs if wide else gemm_ops.configs)(n_out, n_in)}
     best = min(triton_times, key=triton_times.get)
     times["triton"] = triton_times[best]
     return {"shape": list(shape), "weight_bytes": weight.numel() * 2, "us": times, "triton_config": best._asdict()}
@@ -124,10 +132,12 @@ def in_graph(rows: list[dict], repeats: int = 20) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=None, help="the head's ids (default the byte tokenizer's)")
+    parser.add_argument("--wide", action="store_true", help="search a wider grid of Triton configurations than the "
+                                                                "engine's own candidates (``wide_configs``)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     counts = step_weights(args.vocab)
-    rows = [{**measure(shape), "per_step": n} for shape, n in counts.items()]
+    rows = [{**measure(shape, args.wide), "per_step": n} for shape, n in counts.items()]
     print(f"{torch.cuda.get_device_name()}, bfloat16 weights, batch 1 (TB/s of the weight's bytes; "
           f"copy bandwidth {COPY_BANDWIDTH / 1e12:.2f} TB/s)")
     print(f"{'weight [out, in]':<18}{'x step':>7}" + "".join(f"{c:>20}" for c in CANDIDATES) + "   triton config")

@@ -32,6 +32,21 @@ def test_matches_independent_implementation():
     assert slot_checksum(odd) == python_checksum(bytes(range(7)))
 
 
+def test_wrapping_32_bit_arithmetic_matches_the_formula_at_every_length():
+    """The reference's int32 arithmetic (wrapping products and sums, masked shifts) gives the formula's digest for
+    words with the sign bit set and clear, at lengths that end inside and outside a vector register's width, and
+    for words given as int64 values."""
+    from mini_engine.ops.checksum import checksum_words
+
+    gen = torch.Generator().manual_seed(5)
+    for n in [*range(1, 40), 257, 4099]:
+        words = torch.randint(-(2**31), 2**31, (n,), generator=gen, dtype=torch.int32)
+        words[: min(n, 4)] = torch.tensor([-1, -(2**31), 2**31 - 1, 0])[: min(n, 4)]
+        want = python_checksum(words.numpy().tobytes())
+        assert slot_checksum(words) == want, n
+        assert checksum_words(words.to(torch.int64) & MASK) == want, n
+
+
 def test_every_single_bit_flip_changes_the_digest():
     """Flipping any one bit of a small slot changes the checksum."""
     t = torch.randn(4, 4)
