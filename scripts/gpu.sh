@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: regressions | tests | exactness | faults | engine | decode | prefill | kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: diagnose | regressions | tests | exactness | faults | engine | decode | prefill |
+#                                           kernels
+#
+#   diagnose   the two measurements the open goals of issue 9 wait on, first: one ledger run of the 0.8B engine under
+#              torch.profiler and cProfile (where the ledger's host time goes: 75 us a row on the H100, 28 % of the
+#              run), and benchmarks/decode_gemms.py --wide (the step's 97 gemms timed in one CUDA graph as the
+#              engine runs them, next to each alone, and a wider grid of Triton configurations: is batch 1 short
+#              of the roofline by launches or by bandwidth?)
 #
 #   regressions  the GPU tests that failed on the H200 last (session 7) and their suspects, each run twice: a
 #              sequence's bits alone and packed (the prefill walk's tile, fixed in c08cef3), the running copy
@@ -13,7 +20,7 @@
 #              the two (the first request whose tokens or logits differ, where its state parted), then
 #              benchmarks/fault_mechanisms.py --device cuda (the GPU's own timing and two nemesis seeds)
 #   faults     (ran out of an H100's memory in session 10, before the engines of finished rounds were freed:
-#              rerun it first) benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
+#              rerun it next after diagnose) benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
 #              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
 #              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis?
 #   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
@@ -34,12 +41,12 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (regressions | tests | exactness | faults | engine | decode | prefill |" \
-            "kernels)" >&2
+    diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (diagnose | regressions | tests | exactness | faults | engine | decode |" \
+            "prefill | kernels)" >&2
        exit 2 ;;
 esac
 mkdir -p "$out"
@@ -56,6 +63,12 @@ step() {  # step SECONDS NAME COMMAND...: run, log to OUT_DIR/NAME.log, remember
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 case "$part" in
+    diagnose)
+        step 230 ledger_profile python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 1 --modes "copy, overlap, ledger" "copy, overlap" --profile "$out/ledger_profile.txt" \
+            --out "$out/ledger_profile.json"
+        grep -A30 "by tottime" "$out/ledger_profile.txt" | cut -c1-150
+        step 330 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json" ;;
     regressions)
         for attempt in 1 2; do
             step 240 "regressions_$attempt" python3 -m pytest -q -p no:cacheprovider \
