@@ -19,6 +19,7 @@ from mini_engine.model import ModelConfig, SequenceState
 from mini_engine.model.state import Snapshot, pending_width
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.deferred import DeviceDigest
+from mini_engine.ops.slot_layout import pool_words
 
 __all__ = ["KVStorage", "StateStorage"]
 
@@ -45,6 +46,11 @@ class StateStorage:
         self.run = device.zeros(*shape, *heads) if running else None
         self.run_rows = device.zeros(*shape, 2, dtype=torch.int32).fill_(-1) if running else None
         self.hashed_bytes = 0  # what ``checksums`` has read: the slot ledger's device work
+        # what ``nbytes`` adds up, and the pools as the checksum kernel reads them (fixed for the pools' life)
+        self._slot_bytes = self.conv[0].nbytes + self.rec[0].nbytes
+        self._row_bytes = self.pending[0, :, 0].nbytes
+        self._layouts = (pool_words(self.conv, partial=False), pool_words(self.rec, partial=False),
+                         pool_words(self.pending, partial=True))
 
     def forget_running(self, slot: int) -> None:
         """The slot's bytes were written by something other than a decode step: its memo is stale."""
@@ -76,8 +82,7 @@ class StateStorage:
 
     def nbytes(self, length: int) -> int:
         """The size of ``slot_bytes`` for a state of ``length`` tokens (what a copy of it moves)."""
-        rows = length % SNAPSHOT_ALIGN
-        return self.conv[0].nbytes + self.rec[0].nbytes + self.pending[0, :, :rows].nbytes
+        return self._slot_bytes + (length % SNAPSHOT_ALIGN) * self._row_bytes
 
     def checksum(self, slot: int, length: int) -> int | DeviceDigest:
         """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op)."""
@@ -89,17 +94,19 @@ class StateStorage:
         self.hashed_bytes += sum(self.nbytes(n) for n in lengths)
         if not self.conv.is_cuda:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
-        from mini_engine.ops.checksum.triton import checksum_lanes
-
-        device = self.conv.device
-        ids = upload(torch.tensor(slots, dtype=torch.int32), device)
-        rows = upload(torch.tensor([n % SNAPSHOT_ALIGN for n in lengths], dtype=torch.int32), device)
-        conv_words, rec_words = self.conv[0].numel(), self.rec[0].numel()  # float32: one word per element
-        lanes = checksum_lanes(pool=self.conv, slots=ids)
-        lanes += checksum_lanes(pool=self.rec, slots=ids, first_word=conv_words)
-        lanes += checksum_lanes(pool=self.pending, slots=ids, rows=rows, first_word=conv_words + rec_words)
+        lanes = self.lanes(slots, lengths)
         done = DeviceDigest.event_now()
         return [DeviceDigest(lanes[i], done) for i in range(len(slots))]
+
+    def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
+        """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes, on the pools' device: one
+        upload of the indices, one pass per pool adding into one buffer (``state_lanes``), no sync."""
+        from mini_engine.ops.checksum.triton import state_lanes
+
+        index = upload(torch.tensor([slots, [n % SNAPSHOT_ALIGN for n in lengths]], dtype=torch.int32),
+                       self.conv.device)
+        return state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, slots=index[0], rows=index[1],
+                           layouts=self._layouts)
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The conv, rec and pending rows of a state of ``length`` tokens in ``slot``, as views of the pools (no

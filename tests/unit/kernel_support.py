@@ -14,7 +14,7 @@ from mini_engine.ops.attention import attention_with_prefix, gather_pages
 from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefill_attention, write_kv_pages
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.triton import checksum_lanes, digests, slot_checksums
+from mini_engine.ops.checksum.triton import digests, slot_checksums, state_lanes
 from mini_engine.ops.linear import linear as reference_linear
 from mini_engine.ops.linear.triton import linear
 from mini_engine.ops.slot_copy import copy_slots as reference_copy_slots
@@ -219,10 +219,7 @@ def check_state_digest(*, device, **shapes) -> None:
     conv, rec, pending = engine_state_pools(device=device, **shapes)
     slots = torch.tensor([3, 1, 3], dtype=torch.int32, device=device)
     rows = torch.tensor([0, 63, 17], device=device)
-    conv_words, rec_words = conv[0].numel(), rec[0].numel()
-    lanes = (checksum_lanes(pool=conv, slots=slots)
-             + checksum_lanes(pool=rec, slots=slots, first_word=conv_words)
-             + checksum_lanes(pool=pending, slots=slots, rows=rows, first_word=conv_words + rec_words))
+    lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=slots, rows=rows)
     want = [slot_checksum(torch.cat([conv[s].flatten(), rec[s].flatten(), pending[s, :, :n].flatten()]))
             for s, n in zip(slots.tolist(), rows.tolist())]
     assert digests(lanes) == want

@@ -23,6 +23,25 @@ def test_state_digest_composes_from_segments():
     check_state_digest(device="cpu", **SMALL_STATE)
 
 
+def test_the_storages_lanes_are_the_ledgers_digests_of_its_slots():
+    """``StateStorage.lanes`` (what the ledger digests on a GPU, here in the interpreter) reads back to the reference
+    digest of each (slot, length)'s bytes, a slot listed twice at two lengths and a 64-multiple among them; its
+    byte count is the bytes those states hold."""
+    from mini_engine.device.sim import SimDevice
+    from mini_engine.engine.storage import StateStorage
+    from mini_engine.model.builtin import builtin_config
+    from mini_engine.ops.checksum.triton import digests
+
+    states = StateStorage(builtin_config("tiny-random"), 4, SimDevice())
+    gen = torch.Generator().manual_seed(6)
+    for pool in (states.conv, states.rec, states.pending):
+        pool.copy_(torch.randn(pool.shape, generator=gen))
+    slots, lengths = [3, 1, 3, 4], [70, 128, 5, 63]
+    assert digests(states.lanes(slots, lengths)) == [reference_checksum(states.slot_bytes(s, n))
+                                                     for s, n in zip(slots, lengths)]
+    assert [states.nbytes(n) for n in lengths] == [states.slot_bytes(1, n).nbytes for n in lengths]
+
+
 def test_single_tensor_checksum_equals_reference():
     """slot_checksum on any dtype whose bytes are whole words equals the reference; odd byte counts are refused."""
     gen = torch.Generator().manual_seed(3)

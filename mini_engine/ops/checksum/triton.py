@@ -19,9 +19,9 @@ import triton
 import triton.language as tl
 
 from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MASK32, _MIX
-from mini_engine.ops.slot_layout import pool_words
+from mini_engine.ops.slot_layout import PoolWords, pool_words
 
-__all__ = ["checksum_lanes", "digests", "slot_checksum", "slot_checksums"]
+__all__ = ["checksum_lanes", "digests", "slot_checksum", "slot_checksums", "state_lanes"]
 
 BLOCK = 1024  # words per step
 CHUNK = 8 * BLOCK  # words per program
@@ -64,19 +64,23 @@ def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, first_word, slot
 
 
 def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None,
-                   first_word: int = 0) -> torch.Tensor:
-    """Lane sums [n, 2] int64 (not yet reduced mod 2^32) of ``pool[slots[i]]``, one launch; pure; no sync.
+                   first_word: int = 0, out: torch.Tensor | None = None, layout: PoolWords | None = None) -> torch.Tensor:
+    """Lane sums [n, 2] int64 (not yet reduced mod 2^32) of ``pool[slots[i]]``, one launch; no sync.
 
     ``rows`` (None: whole slots): [n] ints, slot i then covers ``pool[slots[i], :, :rows[i]]`` of a
     pool [n_slots, outer, rows_max, ...] (``mini_engine.ops.slot_layout``). ``first_word`` is the
-    word index of the segment's first word in the digested sequence.
+    word index of the segment's first word in the digested sequence. ``out``: a [n, 2] int64 buffer the
+    sums are added into (the lanes of a concatenation's earlier segments), returned; else a new one.
+    ``layout``: ``pool_words(pool, partial=rows is not None)``, when the caller keeps it.
     """
-    layout = pool_words(pool, partial=rows is not None)
+    layout = layout or pool_words(pool, partial=rows is not None)
     n = slots.numel()
     if slots.shape != (n,) or (rows is not None and rows.shape != (n,)):
         raise ValueError(f"slots and rows must be 1-D of one length; got {tuple(slots.shape)} and "
                          f"{None if rows is None else tuple(rows.shape)}")
-    lanes = torch.zeros((n, 2), dtype=torch.int64, device=pool.device)
+    if out is not None and (out.shape != (n, 2) or out.dtype != torch.int64):
+        raise ValueError(f"out must be an int64 [{n}, 2] buffer; got {out.dtype} {tuple(out.shape)}")
+    lanes = torch.zeros((n, 2), dtype=torch.int64, device=pool.device) if out is None else out
     chunks = triton.cdiv(layout.rows_max * layout.row_words, CHUNK)
     if n and chunks:
         slots = slots.to(pool.device)
@@ -86,6 +90,20 @@ def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tenso
             layout.row_words, chunks, HAS_ROWS=rows is not slots, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
             LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
     return lanes
+
+
+def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor,
+                rows: torch.Tensor, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None) -> torch.Tensor:
+    """Lane sums [n, 2] of each listed slot's state as the engine digests it: conv | rec | its first ``rows[i]``
+    pending rows (``StateStorage.slot_bytes``), three launches adding into one buffer; no sync. ``layouts``: the
+    three pools' ``pool_words`` (whole, whole, partial), when the caller keeps them."""
+    conv_layout, rec_layout, pending_layout = layouts or (
+        pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True))
+    conv_words, rec_words = conv_layout.row_words, rec_layout.row_words  # a whole slot is one row
+    lanes = checksum_lanes(pool=conv, slots=slots, layout=conv_layout)
+    checksum_lanes(pool=rec, slots=slots, first_word=conv_words, out=lanes, layout=rec_layout)
+    return checksum_lanes(pool=pending, slots=slots, rows=rows, first_word=conv_words + rec_words, out=lanes,
+                          layout=pending_layout)
 
 
 def digests(lanes: torch.Tensor) -> list[int]:
