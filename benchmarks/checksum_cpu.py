@@ -2,8 +2,9 @@
 
 On the sim and cpu devices the slot ledger's checksums are ``reference.slot_checksum`` on the host, inside
 the engine's step: most of the ledger's cost on a CPU run (its host time was 18 % of
-``engine_throughput.py``'s ledger run before this change). Two forms of the same formula, timed side by side on the slot states the engine
-digests (the tiny model's and the 0.8B shape's, conv | rec | 31 pending rows, float32):
+``engine_throughput.py``'s ledger run before this change). Two forms of the same formula, timed side by
+side on the slot states the engine digests (the tiny model's and the 0.8B shape's, conv | rec | 31 pending
+rows, float32):
 
 - ``int64``: words widened to int64 and masked back below 2^32 after every product (the reference until
   2026-12-05, kept here as the baseline);

@@ -153,7 +153,8 @@ def main() -> None:
     print(f"the step's {weights / 1e9:.2f} GB at the copy bandwidth: {weights / COPY_BANDWIDTH * 1e6:.0f} us; the "
           f"fastest batch-invariant candidate per shape: {best:.0f} us")
     graph = in_graph(rows)
-    print(f"{'in one graph':<25}" + "".join(f"{graph['us'][c]:>9.0f} us {weights / (graph['us'][c] * 1e-6) / 1e12:>4.2f}"
+    graph_us = graph["us"]
+    print(f"{'in one graph':<25}" + "".join(f"{graph_us[c]:>9.0f} us {weights / (graph_us[c] * 1e-6) / 1e12:>4.2f}"
                                            for c in CANDIDATES)
           + f"   ({graph['gemms']} gemms on their own weights, replayed: the step's gemms as the engine runs them)")
     if args.out:

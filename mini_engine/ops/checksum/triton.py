@@ -63,8 +63,8 @@ def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, first_word, slot
     tl.atomic_add(lanes_ptr + 2 * i + 1, tl.sum(lane1.to(tl.int64), 0))
 
 
-def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None,
-                   first_word: int = 0, out: torch.Tensor | None = None, layout: PoolWords | None = None) -> torch.Tensor:
+def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None, first_word: int = 0,
+                   out: torch.Tensor | None = None, layout: PoolWords | None = None) -> torch.Tensor:
     """Lane sums [n, 2] int64 (not yet reduced mod 2^32) of ``pool[slots[i]]``, one launch; no sync.
 
     ``rows`` (None: whole slots): [n] ints, slot i then covers ``pool[slots[i], :, :rows[i]]`` of a
