@@ -39,11 +39,12 @@ _LANE_STEPS: dict[torch.device, torch.Tensor] = {}  # per device: [2, n] int32 o
 _KEPT_WORDS = 1 << 20  # the longest kept (8 MiB a device); longer inputs compute theirs each time
 
 
-def _as_int32(values: torch.Tensor | int) -> torch.Tensor | int:
-    """Values in [0, 2^32) (an int64 tensor, or an int) as the int32 bit patterns of the same values."""
-    if isinstance(values, int):
-        return values - (1 << 32) if values >= 1 << 31 else values
+def _as_int32(values: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2^32) as the int32 tensor of the same bit patterns."""
     return torch.where(values >= 1 << 31, values - (1 << 32), values).to(torch.int32)
+
+
+_LANE_OFFSETS_INT32 = tuple(o - (1 << 32) if o >= 1 << 31 else o for o in _LANE_OFFSETS)  # the same bit patterns
 
 
 def _lane_steps(n: int, device: torch.device) -> torch.Tensor:
@@ -54,7 +55,7 @@ def _lane_steps(n: int, device: torch.device) -> torch.Tensor:
     if steps is None or steps.shape[1] < n:
         width = min(max(n, 2 * (0 if steps is None else steps.shape[1])), _KEPT_WORDS)
         index = torch.arange(max(n, width), dtype=torch.int32, device=device)
-        steps = torch.stack([index * _as_int32(offset) for offset in _LANE_OFFSETS])
+        steps = torch.stack([index * offset for offset in _LANE_OFFSETS_INT32])
         if n <= _KEPT_WORDS:
             _LANE_STEPS[device] = steps
     return steps[:, :n]

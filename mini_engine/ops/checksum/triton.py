@@ -73,7 +73,8 @@ def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tenso
     sums are added into (the lanes of a concatenation's earlier segments), returned; else a new one.
     ``layout``: ``pool_words(pool, partial=rows is not None)``, when the caller keeps it.
     """
-    layout = layout or pool_words(pool, partial=rows is not None)
+    if layout is None:
+        layout = pool_words(pool, partial=rows is not None)
     n = slots.numel()
     if slots.shape != (n,) or (rows is not None and rows.shape != (n,)):
         raise ValueError(f"slots and rows must be 1-D of one length; got {tuple(slots.shape)} and "
@@ -97,8 +98,9 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
     """Lane sums [n, 2] of each listed slot's state as the engine digests it: conv | rec | its first ``rows[i]``
     pending rows (``StateStorage.slot_bytes``), three launches adding into one buffer; no sync. ``layouts``: the
     three pools' ``pool_words`` (whole, whole, partial), when the caller keeps them."""
-    conv_layout, rec_layout, pending_layout = layouts or (
-        pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True))
+    if layouts is None:
+        layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
+    conv_layout, rec_layout, pending_layout = layouts
     conv_words, rec_words = conv_layout.row_words, rec_layout.row_words  # a whole slot is one row
     lanes = checksum_lanes(pool=conv, slots=slots, layout=conv_layout)
     checksum_lanes(pool=rec, slots=slots, first_word=conv_words, out=lanes, layout=rec_layout)
