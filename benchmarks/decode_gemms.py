@@ -1,9 +1,9 @@
 """The decode step's projections at batch 1, per weight shape of the 0.8B model: what each gemm streams.
 
 A batch-1 decode step reads every weight once; at 4.17 TB/s the 0.8B model's 1.0 GB (bfloat16, byte
-vocabulary) is 240 us, and the step's 97 gemms took 660 us on the H200 (pass 3: cuBLAS on the 64-row
-tiles that keep a row's bits independent of the batch). Side by side in one process, per shape (and
-summed over a step, times the layers that have it):
+vocabulary) is 240 us, and the step's 97 gemms took 655 us in one CUDA graph on the H200 (session 11:
+cuBLAS on the 64-row tiles that keep a row's bits independent of the batch). Side by side in one process,
+per shape (and summed over a step, times the layers that have it):
 
 - ``cublas-64``: ``inv.linear`` on the step's 64 padded rows (the engine's default);
 - ``cublas-16``: one cuBLAS gemm of 16 rows (what a 16-row tile would cost: as batch-invariant as 64 rows
@@ -11,14 +11,15 @@ summed over a step, times the layers that have it):
 - ``cublas-1``: one row, cuBLAS's matrix-vector path (a bound, not a candidate: its arithmetic differs
   from the tiles');
 - ``triton``: the decode gemm (``ops/decode_rows/gemm.py``) on 1 live row of 64, the fastest of its
-  configurations (which one is printed).
+  configurations; ``swapped``: its swapped tile (weight @ x.T), the weight loaded by address; ``tma``: the
+  swapped tile with the weight through a tensor descriptor (Hopper's TMA). Which configuration won is printed.
 
-Median of triton's ``do_bench`` (the L2 cleared before each run: the weight comes from memory, as in a
-step). TB/s counts the weight's bytes. A kernel timed alone between two events carries the events' own
-few microseconds, which a 10 us gemm cannot hide; so each candidate is also timed **in a graph**: a whole
-step's gemms, each on its own weight (1 GB, far past the L2) in the step's order, captured in one CUDA graph
-and replayed, as the engine's decode step runs them. That total, against the summed ``do_bench`` medians,
-says how much of a lone kernel's time is the measurement's. Prints a table, writes JSON. Needs CUDA.
+Every time is a gemm **in a CUDA graph**, as a graphed decode step runs it: one shape's gemm captured once per
+copy of its weight (copies past the L2, so the weight comes from memory; ``gemm.past_l2``) and replayed, the
+median replay divided by the copies (``gemm.graph_microseconds``). Timed alone between two events, a 10 us gemm
+carries the events' own few microseconds, unevenly between candidates (session 11: 1.4-2.7x over). Then the
+whole step: its gemms, each on its own weight (1 GB) in the step's order, in one graph, per candidate with
+each shape's fastest configuration. Prints a table, writes JSON. Needs CUDA.
 
 Usage: ``python benchmarks/decode_gemms.py [--vocab N] [--wide] [--out FILE]``.
 """
@@ -40,7 +41,9 @@ from mini_engine.ops.decode_rows import gemm as gemm_ops
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s, the H200's device copy (issue 9)
 DEVICE = "cuda"
-CANDIDATES = ("cublas-64", "cublas-16", "cublas-1", "triton")
+TRITON_FAMILIES = ("triton", "swapped", "tma")
+CANDIDATES = ("cublas-64", "cublas-16", "cublas-1", *TRITON_FAMILIES)
+SHARED_BYTES = 232_448  # the H200's shared memory per block: a TMA pipeline's stages must fit
 
 
 def step_weights(vocab: int | None) -> dict[tuple[int, int], int]:
@@ -63,37 +66,58 @@ def step_weights(vocab: int | None) -> dict[tuple[int, int], int]:
     return counts
 
 
-def microseconds(fn) -> float:
-    return do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
-
-
 def wide_configs(n_out: int, n_in: int) -> list[gemm_ops.GemmConfig]:
-    """The engine's candidates (``gemm_ops.configs``) and a wider grid: column blocks of 32-128, K blocks of 128
-    or 256, 4 or 8 warps, K in 1, 2 or 4 parts whatever the width (more programs in flight per SM)."""
-    grid = [gemm_ops.GemmConfig(n, k, num_warps=w, split_k=split) for n in (32, 64, 128) for k in (128, 256)
-            for w in (4, 8) for split in (1, 2, 4) if n_in % (k * split) == 0]
+    """The engine's candidates (``gemm_ops.configs``) and a wider grid of the swapped tile: 64 or 128 weight rows,
+    K blocks of 128 or 256, K in 1, 2 or 4 parts whatever the width (more programs in flight per SM), the weight
+    by address, and by descriptor in 3 or 4 pipeline stages. (Session 11's wider grid of the unswapped tile found
+    nothing faster in a graph than its own candidates.)"""
+    fits = [(k, split) for k in (128, 256) for split in (1, 2, 4) if n_in % (k * split) == 0]
+    grid = [gemm_ops.GemmConfig(n, k, split_k=split, swap=True) for n in (64, 128) for k, split in fits]
+    grid += [gemm_ops.GemmConfig(n, k, num_stages=stages, split_k=split, swap=True, tma=True) for n in (64, 128)
+             for k, split in fits for stages in (3, 4) if stages * (n + gemm_ops.BLOCK_M) * k * 2 <= SHARED_BYTES]
     return list(dict.fromkeys(gemm_ops.configs(n_out, n_in) + grid))
 
 
+def family(config: gemm_ops.GemmConfig) -> str:
+    return "tma" if config.tma else "swapped" if config.swap else "triton"
+
+
 def measure(shape: tuple[int, int], wide: bool = False) -> dict:
+    """Per candidate, microseconds of one gemm of ``shape`` in a graph; the Triton families the fastest of their
+    configurations (all of them timed: ``configs``)."""
     n_out, n_in = shape
     weight = torch.randn(n_out, n_in, device=DEVICE, dtype=torch.bfloat16) * n_in**-0.5
+    copies = [weight] + [weight.clone() for _ in range(gemm_ops.past_l2(weight) - 1)]
     padded = torch.zeros(inv.ROW_TILE, n_in, device=DEVICE, dtype=torch.bfloat16)
     padded[:1].normal_()
-    times = {"cublas-64": microseconds(lambda: inv.linear(padded, weight)),
-             "cublas-16": microseconds(lambda: padded[:16] @ weight.T),
-             "cublas-1": microseconds(lambda: padded[:1] @ weight.T)}
-    triton_times = {config: microseconds(lambda c=config: gemm_ops.linear(padded, weight, rows=1, config=c))
-                    for config in (wide_configs if wide else gemm_ops.configs)(n_out, n_in)}
-    best = min(triton_times, key=triton_times.get)
-    times["triton"] = triton_times[best]
-    return {"shape": list(shape), "weight_bytes": weight.numel() * 2, "us": times, "triton_config": best._asdict()}
+
+    def in_graph(gemm) -> float:
+        return gemm_ops.graph_microseconds([lambda w=w: gemm(w) for w in copies]) / len(copies)
+
+    times = {"cublas-64": in_graph(lambda w: inv.linear(padded, w)),
+             "cublas-16": in_graph(lambda w: padded[:16] @ w.T),
+             "cublas-1": in_graph(lambda w: padded[:1] @ w.T)}
+    configs = {}
+    for config in (wide_configs if wide else gemm_ops.configs)(n_out, n_in):
+        try:
+            configs[config] = in_graph(lambda w, c=config: gemm_ops.linear(padded, w, rows=1, config=c))
+        except Exception as error:  # a configuration this device cannot run (shared memory): named, not fatal
+            print(f"{shape} {config}: {type(error).__name__}: {str(error)[:200]}")
+    best = {}
+    for name in TRITON_FAMILIES:
+        timed = {c: t for c, t in configs.items() if family(c) == name}
+        if timed:
+            best[name] = min(timed, key=timed.get)
+            times[name] = timed[best[name]]
+    return {"shape": list(shape), "weight_bytes": weight.numel() * 2, "us": times,
+            "configs": {name: config._asdict() for name, config in best.items()},
+            "all_configs": [{**c._asdict(), "us": t} for c, t in configs.items()]}
 
 
-def in_graph(rows: list[dict], repeats: int = 20) -> dict:
+def step_in_graph(rows: list[dict], repeats: int = 20) -> dict:
     """Microseconds of a whole step's gemms per candidate, captured in one CUDA graph (each gemm its own weight,
-    per layer its shapes in turn, the head last; Triton with each shape's fastest configuration in ``rows``) and
-    replayed: the median of ``repeats`` replays."""
+    per layer its shapes in turn, the head last; a Triton family with each shape's fastest configuration in
+    ``rows``) and replayed: the median of ``repeats`` replays."""
     counts = {tuple(r["shape"]): r["per_step"] for r in rows}
     order = list(counts)  # the step's own order (``step_weights``): a layer's shapes, then the head
     layers = max(counts[shape] for shape in order[:-1])
@@ -102,30 +126,16 @@ def in_graph(rows: list[dict], repeats: int = 20) -> dict:
     padded = {n_in: torch.zeros(inv.ROW_TILE, n_in, device=DEVICE, dtype=torch.bfloat16) for _, n_in in sequence}
     for x in padded.values():
         x[:1].normal_()
-    best_config = {tuple(r["shape"]): gemm_ops.GemmConfig(**r["triton_config"]) for r in rows}
     gemms = {"cublas-64": lambda w: inv.linear(padded[w.shape[1]], w),
              "cublas-16": lambda w: padded[w.shape[1]][:16] @ w.T,
-             "cublas-1": lambda w: padded[w.shape[1]][:1] @ w.T,
-             "triton": lambda w: gemm_ops.linear(padded[w.shape[1]], w, rows=1, config=best_config[tuple(w.shape)])}
-    out = {}
-    for name, gemm in gemms.items():
-        for w in weights:  # compile and warm outside the capture
-            gemm(w)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for w in weights:
-                gemm(w)
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        out[name] = sorted(times)[len(times) // 2]
-        del graph
+             "cublas-1": lambda w: padded[w.shape[1]][:1] @ w.T}
+    for name in TRITON_FAMILIES:
+        if all(name in r["configs"] for r in rows):
+            best = {tuple(r["shape"]): gemm_ops.GemmConfig(**r["configs"][name]) for r in rows}
+            gemms[name] = lambda w, best=best: gemm_ops.linear(padded[w.shape[1]], w, rows=1,
+                                                                config=best[tuple(w.shape)])
+    out = {name: gemm_ops.graph_microseconds([lambda w=w, g=gemm: g(w) for w in weights], repeats)
+           for name, gemm in gemms.items()}
     return {"gemms": len(sequence), "weight_bytes": sum(w.numel() * 2 for w in weights), "us": out}
 
 
@@ -138,31 +148,39 @@ def main() -> None:
     args = parser.parse_args()
     counts = step_weights(args.vocab)
     rows = [{**measure(shape, args.wide), "per_step": n} for shape, n in counts.items()]
-    print(f"{torch.cuda.get_device_name()}, bfloat16 weights, batch 1 (TB/s of the weight's bytes; "
-          f"copy bandwidth {COPY_BANDWIDTH / 1e12:.2f} TB/s)")
-    print(f"{'weight [out, in]':<18}{'x step':>7}" + "".join(f"{c:>20}" for c in CANDIDATES) + "   triton config")
+    present = [c for c in CANDIDATES if all(c in r["us"] for r in rows)]
+    print(f"{torch.cuda.get_device_name()}, bfloat16 weights, batch 1, each gemm in a CUDA graph (TB/s of the "
+          f"weight's bytes; copy bandwidth {COPY_BANDWIDTH / 1e12:.2f} TB/s)")
+    print(f"{'weight [out, in]':<18}{'x step':>7}" + "".join(f"{c:>18}" for c in present) + "   fastest configurations")
     for r in rows:
-        cells = "".join(f"{r['us'][c]:>9.1f} us {r['weight_bytes'] / (r['us'][c] * 1e-6) / 1e12:>4.2f}"
-                        for c in CANDIDATES)
-        print(f"{tuple(r['shape'])!s:<18}{r['per_step']:>7}{cells}   {r['triton_config']}")
-    totals = {c: sum(r["us"][c] * r["per_step"] for r in rows) for c in CANDIDATES}
+        cells = "".join(f"{r['us'][c]:>8.1f} us {r['weight_bytes'] / (r['us'][c] * 1e-6) / 1e12:>4.2f}"
+                        for c in present)
+        print(f"{tuple(r['shape'])!s:<18}{r['per_step']:>7}{cells}   "
+              + "; ".join(f"{name} {label(c)}" for name, c in r["configs"].items()))
+    totals = {c: sum(r["us"][c] * r["per_step"] for r in rows) for c in present}
     weights = sum(r["weight_bytes"] * r["per_step"] for r in rows)
-    best = sum(min(r["us"][c] for c in ("cublas-64", "cublas-16", "triton")) * r["per_step"] for r in rows)
-    print(f"{'a step':<25}" + "".join(f"{totals[c]:>9.0f} us {weights / (totals[c] * 1e-6) / 1e12:>4.2f}"
-                                      for c in CANDIDATES))
-    print(f"the step's {weights / 1e9:.2f} GB at the copy bandwidth: {weights / COPY_BANDWIDTH * 1e6:.0f} us; the "
-          f"fastest batch-invariant candidate per shape: {best:.0f} us")
-    graph = in_graph(rows)
+    invariant = [c for c in present if c != "cublas-1"]
+    best = sum(min(r["us"][c] for c in invariant) * r["per_step"] for r in rows)
+    print(f"{'a step, summed':<25}" + "".join(f"{totals[c]:>8.0f} us {weights / (totals[c] * 1e-6) / 1e12:>4.2f}"
+                                              for c in present))
+    graph = step_in_graph(rows)
     graph_us = graph["us"]
-    print(f"{'in one graph':<25}" + "".join(f"{graph_us[c]:>9.0f} us {weights / (graph_us[c] * 1e-6) / 1e12:>4.2f}"
-                                           for c in CANDIDATES)
-          + f"   ({graph['gemms']} gemms on their own weights, replayed: the step's gemms as the engine runs them)")
+    print(f"{'a step in one graph':<25}" + "".join(
+        f"{graph_us[c]:>8.0f} us {weights / (graph_us[c] * 1e-6) / 1e12:>4.2f}" if c in graph_us else f"{'-':>18}"
+        for c in present) + f"   ({graph['gemms']} gemms, each on its own weight)")
+    print(f"the step's {weights / 1e9:.2f} GB at the copy bandwidth: {weights / COPY_BANDWIDTH * 1e6:.0f} us; the "
+          f"fastest batch-invariant candidate per shape, summed: {best:.0f} us")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "vocab": args.vocab, "rows": rows,
                        "step_us": totals, "best_invariant_step_us": best, "step_weight_bytes": weights,
                        "in_graph": graph}, f, indent=2)
 
+
+def label(config: dict) -> str:
+    """A configuration in a table cell: block_n x block_k, warps, stages, K parts."""
+    return (f"{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
+            f" k/{config['split_k']}")
 
 if __name__ == "__main__":
     main()

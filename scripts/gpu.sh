@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: diagnose | regressions | tests | exactness | faults | engine | decode | prefill |
-#                                           kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: gemms | diagnose | regressions | tests | exactness | faults | engine | decode |
+#                                           prefill | kernels
+#
+#   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address
+#              and by TMA descriptor), benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a
+#              CUDA graph: cuBLAS, the decode gemm, its swapped tile, by TMA), then benchmarks/gpu_engine.py on the
+#              issue's model (Qwen3.5's vocabulary) with the cuBLAS gemms and with each weight's fastest in a graph
+#              (``decode_gemm="auto"``)
 #
 #   diagnose   the two measurements the open goals of issue 9 wait on, first: one ledger run of the 0.8B engine under
 #              torch.profiler and cProfile (where the ledger's host time goes: 75 us a row on the H100, 28 % of the
@@ -23,10 +29,10 @@
 #              rerun it next after diagnose) benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
 #              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
 #              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis?
-#   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16 (safeguards on vs
-#              off, the ledger on; the safeguards' and the ledger's own work priced on the device), a
-#              torch.profiler table of one ledger run (where its host time goes: 75 us a row on the H100, 25 %
-#              of the run), then benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence)
+#   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16, four rounds (safeguards on
+#              vs off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
+#              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence). The ledger's profile is in
+#              diagnose.
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
 #              1.6 GB roofline) in bfloat16 against transformers on the same weights, each GDN layer in
 #              three launches and in one (decode_gdn), then a batch-1 profile of a decode step of each
@@ -41,11 +47,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (diagnose | regressions | tests | exactness | faults | engine | decode |" \
+    gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (gemms | diagnose | regressions | tests | exactness | faults | engine | decode |" \
             "prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -63,6 +69,11 @@ step() {  # step SECONDS NAME COMMAND...: run, log to OUT_DIR/NAME.log, remember
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 case "$part" in
+    gemms)
+        step 120 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
+        step 320 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json"
+        step 150 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto --hf-dtype \
+            --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
     diagnose)
         step 230 ledger_profile python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 1 --modes "copy, overlap, ledger" "copy, overlap" --profile "$out/ledger_profile.txt" \
@@ -91,12 +102,9 @@ case "$part" in
         step 560 mechanisms_08b python3 benchmarks/fault_mechanisms.py --device cuda --model qwen3.5-0.8b-shaped-random \
             --dtype bfloat16 --requests 24 --device-seeds 0 1 --out "$out/fault_mechanisms_cuda_08b.json" ;;
     engine)
-        step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+        step 420 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json"
-        step 200 ledger_profile python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 1 --modes "copy, overlap, ledger" --profile "$out/ledger_profile.txt" \
-            --out "$out/ledger_profile.json"
         step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json" ;;
     decode)

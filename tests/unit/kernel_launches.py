@@ -50,6 +50,10 @@ def _type(value):
         return "i32" if -(2**31) <= value < 2**31 else "i64"
     if isinstance(value, float):
         return "fp32"
+    if type(value).__name__ == "TensorDescriptor":  # triton's own name for it: tensordesc<bf16[64, 256]>
+        from triton.runtime.jit import mangle_type
+
+        return mangle_type(value)
     raise TypeError(f"no Triton type for an argument {value!r}")
 
 

@@ -160,20 +160,36 @@ def test_every_gemm_configuration_computes_the_product():
     x[:2] = randn(2, 256, gen=gen, dtype=torch.float16)
     want = (x[:2].float() @ weight.float().t()).half()
     candidates = gemm.configs(600, 256)
-    whole = [c for c in candidates if c.split_k == 1]
+    whole = [c for c in candidates if c.split_k == 1 and not c.swap]
     assert {c.block_n for c in whole} == {16} and {c.block_k for c in whole} == {256, 128}
     assert {c.split_k for c in candidates} == {1, 2, 4}, "a narrow output also splits K"
+    assert {(c.tma, c.split_k) for c in candidates if c.swap} == {(False, 1), (True, 1), (False, 4), (True, 4)}
+    alone = torch.zeros(16, 256, dtype=torch.float16)
+    alone[0] = x[1]
     for config in candidates:
         got = gemm.linear(x, weight, rows=2, config=config)
         _close(got[:2], want)
         assert not got[2:].any(), config
-    alone = torch.zeros(16, 256, dtype=torch.float16)
-    alone[0] = x[1]
-    split = gemm.GemmConfig(32, 64, split_k=4)
-    assert torch.equal(gemm.linear(alone, weight, rows=1, config=split)[0],
-                       gemm.linear(x, weight, rows=2, config=split)[1]), "split-K keeps a row's bits"
+        if config.split_k > 1 or config.swap:
+            assert torch.equal(gemm.linear(alone, weight, rows=1, config=config)[0], got[1]), config
     with pytest.raises(ValueError, match="block_k=96"):
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 96))
+    with pytest.raises(ValueError, match="needs swap=True"):
+        gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, tma=True))
+
+
+def test_the_swapped_tile_reads_the_weights_edge_rows_as_zeros():
+    """The swapped kernel on a weight whose rows end inside a block (by address, masked; by descriptor, the
+    TMA's zero fill) and in a second live 16-row tile: the product within fp16 rounding, padding rows zero."""
+    gen = torch.Generator().manual_seed(9)
+    weight = randn(70, 64, gen=gen, dtype=torch.float16)
+    x = torch.zeros(32, 64, dtype=torch.float16)
+    x[:18] = randn(18, 64, gen=gen, dtype=torch.float16)
+    want = (x[:18].float() @ weight.float().t()).half()
+    for tma in (False, True):
+        got = gemm.linear(x, weight, rows=18, config=gemm.GemmConfig(64, 16, swap=True, tma=tma, split_k=2))
+        _close(got[:18], want)
+        assert got.shape == (32, 70) and not got[18:].any(), tma
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)

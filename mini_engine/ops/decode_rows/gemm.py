@@ -5,10 +5,14 @@ in all but name. ``inv.linear`` gives cuBLAS fixed 64-row tiles (batch invarianc
 and on the H200 cuBLAS then runs the 1,024-wide outputs at 0.7-1.0 TB/s (split-K over few column
 blocks). ``linear`` here gives one program 16 rows (the smallest tensor-core tile) and ``block_n``
 columns over all of K, or over a fixed part of K (``split_k``: the parts' float32 sums added in a fixed
-order by a second launch); tiles wholly past the batch write their zeros and read no weight.
+order by a second launch); tiles wholly past the batch write their zeros and read no weight. With ``swap``
+the same tile is computed as weight @ x.T: the weight's ``block_n`` rows are the tensor-core tile's long
+side (Hopper's warpgroup products take 64 rows there) and the 16 input rows its short one, the weight
+loaded by address or (``tma``) by a tensor descriptor, as decode kernels for small batches do.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
-Triton configurations, on the device for one weight and returns the fastest. The choice is made once
+Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
+the fastest. The choice is made once
 per weight and kept: every row of every batch then goes through the same arithmetic, so a row's bits
 still never depend on the batch.
 """
@@ -23,7 +27,7 @@ import triton.language as tl
 
 from mini_engine.ops import invariant as inv
 
-__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "linear"]
+__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2"]
 
 BLOCK_M = 16  # rows per program, fixed whatever the batch
 
@@ -34,6 +38,8 @@ class GemmConfig(NamedTuple):
     num_warps: int = 4
     num_stages: int = 4
     split_k: int = 1  # K in this many fixed parts, their float32 partial sums added in a fixed order
+    swap: bool = False  # the weight tile as the product's left operand: out.T = weight @ x.T (``_swapped_kernel``)
+    tma: bool = False  # with ``swap``: the weight tiles come through a tensor descriptor (Hopper's TMA engine)
 
 
 @triton.jit(do_not_specialize=["n_live"])  # one compile for every batch size
@@ -60,6 +66,37 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
     tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[None, :])
 
 
+@triton.jit(do_not_specialize=["n_live"])
+def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+    """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
+    (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
+    is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
+    zeros). Writes ``out`` (or the parts) in ``_linear_kernel``'s layout."""
+    tile_m, tile_n, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
+        k0 = part * K_PART
+        kk = k0.to(tl.int64) + tl.arange(0, BLOCK_K)
+        x_tile = x + rows.to(tl.int64)[None, :] * x_stride + kk[:, None]
+        w_tile = w
+        if not TMA:
+            w_tile = w + cols.to(tl.int64)[:, None] * w_stride + kk[None, :]
+        for k in range(0, K_PART, BLOCK_K):
+            if TMA:
+                b = w.load([tile_n * BLOCK_N, k0 + k])
+            else:
+                b = tl.load(w_tile, mask=col_ok[:, None], other=0.0)
+                w_tile += BLOCK_K
+            acc = tl.dot(b, tl.load(x_tile), acc)
+            x_tile += BLOCK_K
+    target = out + part.to(tl.int64) * part_stride + rows.to(tl.int64)[None, :] * out_stride + cols[:, None]
+    tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[:, None])
+
+
 @triton.jit
 def _sum_parts_kernel(parts, out, N, part_stride, out_stride, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """Row r of ``out``: the SPLIT partial sums of the row added in order 0, 1, ..., then cast."""
@@ -75,7 +112,8 @@ def _sum_parts_kernel(parts, out, N, part_stride, out_stride, SPLIT: tl.constexp
 def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     """Candidate configurations for a weight [n_out, n_in] (the first is the default): column blocks of 16,
     32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
-    2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts."""
+    2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
+    swapped tile on 64 weight rows, by address and by descriptor, over all of K and (narrow outputs) in 4 parts."""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
         raise ValueError(f"linear needs in_features divisible by 16; got {n_in}")
@@ -84,6 +122,10 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     if n_out <= 2048:
         out += [GemmConfig(n, k, split_k=split) for split in (2, 4) for n in (64, 32)
                 for k in (128, 64) if n_in % (split * k) == 0]
+    swapped = [(1, block_ks[0])]
+    if n_out <= 2048:
+        swapped += [(4, k) for k in (128, 64) if n_in % (4 * k) == 0][:1]
+    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma) for split, k in swapped for tma in (False, True)]
     return out
 
 
@@ -103,15 +145,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     config = config or configs(n_out, n_in)[0]
     if n_in % (config.block_k * config.split_k):
         raise ValueError(f"block_k={config.block_k} x split_k={config.split_k} must divide in_features={n_in}")
+    if config.tma and not (config.swap and weight.data_ptr() % 16 == 0):
+        raise ValueError(f"tma=True loads the weight as the swapped kernel's left operand by a descriptor: it needs "
+                         f"swap=True and a 16-byte aligned weight; got {config} and address {weight.data_ptr()}")
     out = x.new_empty(padded, n_out)
     if not padded:
         return out
     split = config.split_k
     parts = out if split == 1 else torch.empty(split, padded, n_out, dtype=torch.float32, device=x.device)
-    _linear_kernel[(padded // BLOCK_M, triton.cdiv(n_out, config.block_n), split)](
-        x, weight, parts, rows, n_out, n_in // split, x.stride(0), weight.stride(0), n_out,
-        0 if split == 1 else parts.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT=split, num_warps=config.num_warps, num_stages=config.num_stages)
+    grid = (padded // BLOCK_M, triton.cdiv(n_out, config.block_n), split)
+    shared = (n_out, n_in // split, x.stride(0), weight.stride(0), n_out, 0 if split == 1 else parts.stride(0))
+    blocks = dict(BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+                  num_stages=config.num_stages)
+    if config.swap:
+        w = _descriptor(weight, config.block_n, config.block_k) if config.tma else weight
+        _swapped_kernel[grid](x, w, parts, rows, *shared, TMA=config.tma, **blocks)
+    else:
+        _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks)
     if split > 1:
         block = min(1024, triton.next_power_of_2(n_out))
         _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
@@ -119,49 +169,80 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     return out
 
 
+_DESCRIPTORS: dict[tuple, object] = {}  # (address, shape, strides, block) -> its descriptor
+
+
+def _descriptor(weight: torch.Tensor, block_n: int, block_k: int):
+    """A tensor descriptor of ``weight`` in [block_n, block_k] blocks. A descriptor holds only the address, shape
+    and strides, so one made for the same four is the same descriptor: kept, it costs its making once."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), block_n, block_k, weight.dtype)
+    if key not in _DESCRIPTORS:
+        _DESCRIPTORS[key] = TensorDescriptor.from_tensor(weight, [block_n, block_k])
+    return _DESCRIPTORS[key]
+
+
 _CHOSEN: dict[tuple, GemmConfig | None] = {}  # (shape, dtype, device) -> choice: once per process
 
 
-def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), reps: int = 15) -> GemmConfig | None:
+def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15) -> GemmConfig | None:
     """The fastest way to run ``weight`` in a decode step on its CUDA device: a ``GemmConfig`` for ``linear``,
-    or None for ``inv.linear`` (cuBLAS). Each candidate is timed on ``batches`` live rows of a padded 64-row
-    input (the step's shape), the median of ``reps`` runs each behind a spin kernel (so host launch time is
-    not counted) and an L2 flush (so the weight comes from memory, as in a step); ranked by the summed
-    medians. Weights of one shape, dtype and device share one choice, kept for the process."""
+    or None for ``inv.linear`` (cuBLAS). Each candidate runs as a step runs it: on ``batches`` live rows of a
+    padded 64-row input, one gemm after another in a CUDA graph, each on its own copy of the weight (copies past
+    the L2's size, so the weight comes from memory), timed per gemm (``graph_microseconds``) and ranked by the
+    sum over ``batches``. Timed alone between two events, a gemm of a few microseconds carries the events' own
+    and is overstated unevenly between candidates. Weights of one shape, dtype and device share one choice,
+    kept for the process."""
     key = (tuple(weight.shape), weight.dtype, weight.device)
     if key in _CHOSEN:
         return _CHOSEN[key]
     inputs = {b: torch.zeros(inv.ROW_TILE, weight.shape[1], dtype=weight.dtype, device=weight.device) for b in batches}
     for b, x in inputs.items():
         x[:b].normal_()
-    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device=weight.device)
+    copies = [weight] + [weight.clone() for _ in range(past_l2(weight) - 1)]
 
-    def run(config: GemmConfig | None, b: int) -> None:
+    def run(config: GemmConfig | None, b: int, w: torch.Tensor) -> None:
         if config is None:
-            inv.linear(inputs[b], weight)
+            inv.linear(inputs[b], w)
         else:
-            linear(inputs[b], weight, rows=b, config=config)
+            linear(inputs[b], w, rows=b, config=config)
 
-    def milliseconds(config: GemmConfig | None) -> float:
-        total = 0.0
-        for b in batches:
-            run(config, b)  # compile, warm
-            times = []
-            for _ in range(reps):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda._sleep(_SPIN_CYCLES)
-                flush.zero_()
-                start.record()
-                run(config, b)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            total += sorted(times)[reps // 2]
-        return total
+    def microseconds(config: GemmConfig | None) -> float:
+        return sum(graph_microseconds([lambda w=w: run(config, b, w) for w in copies], repeats) / len(copies)
+                   for b in batches)
 
-    _CHOSEN[key] = min([None, *configs(*weight.shape)], key=milliseconds)
+    _CHOSEN[key] = min([None, *configs(*weight.shape)], key=microseconds)
     return _CHOSEN[key]
 
 
-_L2_FLUSH_BYTES = 128 << 20  # more than the H200's 50 MB of L2
-_SPIN_CYCLES = 200_000  # ~100 us of device time: the launches queue behind it
+def past_l2(weight: torch.Tensor) -> int:
+    """How many copies of ``weight`` a timing cycles through so that none is still in the L2 when it comes round
+    again: their bytes past ``_L2_BYTES`` twice over (at least one, at most 256)."""
+    return max(1, min(256, -(-2 * _L2_BYTES // (weight.numel() * weight.element_size()))))
+
+
+def graph_microseconds(calls: list, repeats: int = 20) -> float:
+    """Microseconds of running ``calls`` in order as one CUDA graph (each called once first: compiled and warm,
+    outside the capture): the median of ``repeats`` replays, each between two events. What a sequence of
+    kernels costs inside a graphed decode step, where one kernel's launch hides behind the one before."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()  # the first replay uploads the graph
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[repeats // 2]
+
+
+_L2_BYTES = 50 << 20  # the H200's L2 (the H100's is the same)
