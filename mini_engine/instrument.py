@@ -37,7 +37,12 @@ class Deferred:
 
     ``ready()``: whether it has landed (non-blocking). ``wait()``: block until it has.
     ``resolve_all(values)``: the values, read back together (one copy for a batch of them).
+    ``landing()``: what it waits on; values with the same landing land together, so one ``ready()`` or
+    ``wait()`` answers for all of them (default: the value alone).
     """
+
+    def landing(self) -> object:
+        return self
 
     def ready(self) -> bool:
         raise NotImplementedError
@@ -94,20 +99,27 @@ class Instrumentation:
         if not self._queue:
             return
         if wait:  # (the device's time, not the instrumentation's: not counted in host_seconds)
-            for row in self._queue:
-                for v in row.values():
-                    if isinstance(v, Deferred):
-                        v.wait()
+            landings = {v.landing(): v for row in self._queue for v in row.values() if isinstance(v, Deferred)}
+            for v in landings.values():
+                v.wait()
         with self.timing():
             self._flush()
 
     def _flush(self) -> None:
-        ready = 0
+        landed: dict[object, bool] = {}  # a landing asked once per flush (a batch's digests share one event)
+
+        def ready(v: Deferred) -> bool:
+            key = v.landing()
+            if key not in landed:
+                landed[key] = v.ready()
+            return landed[key]
+
+        ready_rows = 0
         for row in self._queue:
-            if not all(v.ready() for v in row.values() if isinstance(v, Deferred)):
+            if not all(ready(v) for v in row.values() if isinstance(v, Deferred)):
                 break
-            ready += 1
-        rows, self._queue = self._queue[:ready], self._queue[ready:]
+            ready_rows += 1
+        rows, self._queue = self._queue[:ready_rows], self._queue[ready_rows:]
         by_kind: dict[type, list[tuple[dict[str, Any], str]]] = {}
         for row in rows:
             for key, value in row.items():

@@ -57,6 +57,52 @@ def test_flush_wait_delivers_everything(rows):
     assert rows[0]["src_checksum"] == 5 and rows[0]["checksum"] == 6 and events.pending == 0
 
 
+class Shared(Deferred):
+    """A deferred int landing with an event it shares with others (``landing``); the event counts its queries."""
+
+    def __init__(self, value: int, event: "Event") -> None:
+        self.value, self.event = value, event
+
+    def landing(self):
+        return self.event
+
+    def ready(self) -> bool:
+        self.event.queries += 1
+        return self.event.done
+
+    def wait(self) -> None:
+        self.event.waits += 1
+        self.event.done = True
+
+    @classmethod
+    def resolve_all(cls, values):
+        return [v.value for v in values]
+
+
+class Event:
+    def __init__(self) -> None:
+        self.done, self.queries, self.waits = False, 0, 0
+
+
+def test_values_that_land_together_are_asked_once_per_flush(rows):
+    """A batch's digests share one event: a flush asks it once, not once per value; ``flush(wait=True)`` waits on
+    it once; and a second event still in flight holds back its rows and every row after them."""
+    events = Instrumentation(rows.append)
+    batch, later = Event(), Event()
+    for n in range(6):
+        events.emit("slot_write", checksum=Shared(n, batch), src_checksum=Shared(10 + n, batch))
+    events.emit("slot_write", checksum=Shared(99, later))
+    events.emit("host")
+    events.flush()
+    assert batch.queries == 1 and rows == [], "one question for the twelve values of one landing"
+    batch.done = True
+    events.flush()
+    assert [r["checksum"] for r in rows] == list(range(6)) and batch.queries == 2 and later.queries == 1
+    assert events.pending == 2
+    events.flush(wait=True)
+    assert later.waits == 1 and [r["type"] for r in rows[6:]] == ["slot_write", "host"] and events.pending == 0
+
+
 def test_without_a_sink_nothing_queues():
     events = Instrumentation()
     events.emit("slot_write", checksum=Landing(1))

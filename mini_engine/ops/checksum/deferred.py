@@ -32,6 +32,9 @@ class DeviceDigest(Deferred):
         event.record()
         return event
 
+    def landing(self) -> torch.cuda.Event:
+        return self.event
+
     def ready(self) -> bool:
         return self.event.query()
 
