@@ -24,7 +24,7 @@ from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, lanes_value, rows_lanes
+from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, rows_lanes
 
 __all__ = ["Batch", "BatchItem", "ModelRunner"]
 
@@ -270,9 +270,11 @@ _STAGED_DIGESTS = 4096  # staged page tables whose checksums the runner remember
 
 def _logits_checks(logits: torch.Tensor) -> torch.Tensor:
     """The 63-bit checks [B] (int64) of the exact logits [B, vocab] tokens were sampled from: on CUDA
-    computed on the device, into the batch's device results without a host round trip."""
+    computed on the device (one or two launches), into the batch's device results without a host round trip."""
     if logits.is_cuda:
-        return lanes_value(rows_lanes(logits)) & _CHECK_MASK
+        from mini_engine.ops.checksum.triton import row_digests
+
+        return row_digests(logits, drop_sign=True)
     return torch.tensor([slot_checksum(row) & _CHECK_MASK for row in logits], dtype=torch.long)
 
 

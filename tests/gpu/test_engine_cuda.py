@@ -112,8 +112,9 @@ def test_device_checksums_are_the_reference_digests():
         d.wait()
     want = [slot_checksum(states.slot_bytes(slot, length).cpu()) for slot, length in cases]
     assert DeviceDigest.resolve_all(got) == want
-    logits = torch.randn(3, 259, generator=gen, device="cuda")
-    assert _logits_checks(logits).tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()]
+    for vocab in (259, 20_000):  # rows of one chunk (one launch) and of three (two launches)
+        logits = torch.randn(3, vocab, generator=gen, device="cuda")
+        assert _logits_checks(logits).tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()]
 
 
 def test_the_ledger_reads_device_checksums_as_ints(cuda_model):

@@ -9,7 +9,7 @@ kernels and the compiler's cannot share one):
   decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration, the GDN layer
   in three launches and in one), the
   gated delta rule's walk in every configuration a GPU may pick (float32 and bf16 inputs), the conv,
-  KV, checksum and slot-copy kernels. Launches are recorded,
+  KV, checksum (slots and the logits check) and slot-copy kernels. Launches are recorded,
   not run (their outputs are never read), and written with their argument types, constexpr values and
   launch options, one entry per distinct signature.
 - ``compile FILE`` (no interpreter): compiles each entry to a cubin for sm_90 with this machine's triton
@@ -102,7 +102,7 @@ def _exercise() -> None:
     from mini_engine.model.decode import DecodeModel, Pools, decode_step
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
-    from mini_engine.ops.checksum.triton import checksum_lanes
+    from mini_engine.ops.checksum.triton import checksum_lanes, row_digests
     from mini_engine.ops.decode_rows import gemm
     from mini_engine.ops.gated_delta_rule.triton import (
         chunk_gated_delta_rule_triton,
@@ -155,6 +155,8 @@ def _exercise() -> None:
     for tensor in (states.conv, states.rec, states.pending, kv.keys):
         checksum_lanes(pool=tensor, slots=torch.tensor([1, 2], dtype=torch.int32))
     checksum_lanes(pool=states.pending, slots=torch.tensor([1], dtype=torch.int32), rows=torch.tensor([5]))
+    for width in (260, 9000):  # the logits check of the byte vocabulary (one launch) and of a wide one (two)
+        row_digests(torch.zeros(2, width), drop_sign=True)
     copy_slots(pools=[states.conv, states.rec], dst=torch.tensor([1]), src=torch.tensor([2]), pending=states.pending,
                rows=torch.tensor([7]))
 

@@ -4,8 +4,8 @@ On CUDA a ledger checksum is a ``DeviceDigest``: the Triton kernel's lane sums (
 ``triton.checksum_lanes``; ``rows_lanes`` for the rows of a table) and an event on the stream that
 computed them, the same digest ``reference.slot_checksum`` gives on the CPU. The instrumentation queues
 rows holding one and reads a whole batch of them back in one copy once their events have completed
-(``mini_engine.instrument``). ``lanes_value`` turns lane sums into the digest on the device itself, for
-a check that must land in a device tensor.
+(``mini_engine.instrument``). A check that must land in a device tensor (the logits') is
+``triton.row_digests``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 
 from mini_engine.instrument import Deferred
-from mini_engine.ops.checksum.reference import _MASK32
 
-__all__ = ["DeviceDigest", "DigestEquals", "lanes_value", "rows_lanes"]
+__all__ = ["DeviceDigest", "DigestEquals", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
@@ -73,9 +72,3 @@ def rows_lanes(table: torch.Tensor, lengths: torch.Tensor | None = None) -> torc
     if lengths is None:
         return checksum_lanes(pool=rows, slots=ids)
     return checksum_lanes(pool=rows.view(rows.shape[0], 1, rows.shape[1], 1), slots=ids, rows=lengths)
-
-
-def lanes_value(lanes: torch.Tensor) -> torch.Tensor:
-    """The 64-bit digests of lane sums [..., 2], as int64 device values (two's complement above 2^63)."""
-    return ((lanes[..., 0] & _MASK32) << 32) | (lanes[..., 1] & _MASK32)
-

@@ -21,7 +21,7 @@ import triton.language as tl
 from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MASK32, _MIX
 from mini_engine.ops.slot_layout import PoolWords, pool_words
 
-__all__ = ["checksum_lanes", "digests", "slot_checksum", "slot_checksums", "state_lanes"]
+__all__ = ["checksum_lanes", "digests", "row_digests", "slot_checksum", "slot_checksums", "state_lanes"]
 
 BLOCK = 1024  # words per step
 CHUNK = 8 * BLOCK  # words per program
@@ -91,6 +91,85 @@ def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tenso
             layout.row_words, chunks, HAS_ROWS=rows is not slots, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
             LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
     return lanes
+
+
+@triton.jit
+def _row_lanes(words_ptr, row, begin, n_words, row_stride, MIX: tl.constexpr, LANE0: tl.constexpr,
+               LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """The two lane sums (int64, not reduced) of words [begin, begin + CHUNK) of row ``row`` of n_words."""
+    base = words_ptr + row * row_stride
+    lane0 = tl.zeros([BLOCK], dtype=tl.uint32)
+    lane1 = tl.zeros([BLOCK], dtype=tl.uint32)
+    for step in range(0, CHUNK, BLOCK):
+        j = begin + step + tl.arange(0, BLOCK)
+        ok = j < n_words
+        word = tl.load(base + j, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        index = j.to(tl.uint32)
+        lane0 += tl.where(ok, _hash32(word + index * LANE0, MIX), 0)
+        lane1 += tl.where(ok, _hash32(word + index * LANE1, MIX), 0)
+    return tl.sum(lane0.to(tl.int64), 0), tl.sum(lane1.to(tl.int64), 0)
+
+
+@triton.jit
+def _join(lane0, lane1, DROP_SIGN: tl.constexpr):
+    """The 64-bit digest of two lane sums as an int64 bit pattern; with DROP_SIGN its top bit cleared."""
+    digest = ((lane0 & 0xFFFFFFFF) << 32) | (lane1 & 0xFFFFFFFF)
+    if DROP_SIGN:
+        digest = digest & 0x7FFFFFFFFFFFFFFF
+    return digest
+
+
+@triton.jit
+def _row_digest_kernel(words_ptr, parts_ptr, out_ptr, n_words, row_stride, chunks, MIX: tl.constexpr,
+                       LANE0: tl.constexpr, LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                       ONE_CHUNK: tl.constexpr, DROP_SIGN: tl.constexpr):
+    """Chunk ``c`` of row ``r``: a row of one chunk is digested here (``out[r]``); else the chunk's lane sums go
+    to ``parts[r, c]`` for ``_join_parts_kernel``."""
+    c, r = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    lane0, lane1 = _row_lanes(words_ptr, r, c.to(tl.int64) * CHUNK, n_words, row_stride, MIX, LANE0, LANE1, CHUNK,
+                              BLOCK)
+    if ONE_CHUNK:
+        tl.store(out_ptr + r, _join(lane0, lane1, DROP_SIGN))
+    else:
+        tl.store(parts_ptr + (r * chunks + c) * 2, lane0)
+        tl.store(parts_ptr + (r * chunks + c) * 2 + 1, lane1)
+
+
+@triton.jit
+def _join_parts_kernel(parts_ptr, out_ptr, chunks, DROP_SIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Row ``r``'s digest from its chunks' lane sums (a sum mod 2^32 does not depend on their order)."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    lane0 = tl.zeros([BLOCK], dtype=tl.int64)
+    lane1 = tl.zeros([BLOCK], dtype=tl.int64)
+    for start in range(0, chunks, BLOCK):
+        ok = start + c < chunks
+        lane0 += tl.load(parts_ptr + (r * chunks + start + c) * 2, mask=ok, other=0)
+        lane1 += tl.load(parts_ptr + (r * chunks + start + c) * 2 + 1, mask=ok, other=0)
+    tl.store(out_ptr + r, _join(tl.sum(lane0, 0), tl.sum(lane1, 0), DROP_SIGN))
+
+
+def row_digests(table: torch.Tensor, *, drop_sign: bool = False) -> torch.Tensor:
+    """The digest (``reference.slot_checksum``) of each row of a device ``table`` [B, width] of 32-bit elements,
+    as int64 device values (the 64-bit digest's bit pattern; with ``drop_sign`` its top bit cleared, a 63-bit
+    check): one launch for rows of at most ``CHUNK`` words, two for longer rows; no sync."""
+    if table.dim() != 2 or table.element_size() != 4:
+        raise ValueError(f"row_digests takes a [B, width] table of 32-bit elements; got {table.dtype} "
+                         f"{tuple(table.shape)}")
+    rows = table.detach().contiguous()
+    n_rows, n_words = rows.shape
+    out = torch.empty(n_rows, dtype=torch.int64, device=rows.device)
+    chunks = max(1, triton.cdiv(n_words, CHUNK))
+    if not n_rows:
+        return out
+    parts = out if chunks == 1 else torch.empty(n_rows, chunks, 2, dtype=torch.int64, device=rows.device)
+    _row_digest_kernel[(chunks, n_rows)](rows, parts, out, n_words, max(n_words, 1), chunks, MIX=_MIX,
+                                         LANE0=_LANE_OFFSETS[0], LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK,
+                                         BLOCK=BLOCK, ONE_CHUNK=chunks == 1, DROP_SIGN=drop_sign)
+    if chunks > 1:
+        _join_parts_kernel[(n_rows,)](parts, out, chunks, DROP_SIGN=drop_sign,
+                                      BLOCK=min(1024, triton.next_power_of_2(chunks)))
+    return out
 
 
 def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor,
