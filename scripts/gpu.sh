@@ -29,7 +29,7 @@
 #              rerun it next after diagnose) benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
 #              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
 #              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis?
-#   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16, four rounds (safeguards on
+#   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16, eight rounds (safeguards on
 #              vs off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
 #              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence). The ledger's profile is in
 #              diagnose.
@@ -102,8 +102,8 @@ case "$part" in
         step 560 mechanisms_08b python3 benchmarks/fault_mechanisms.py --device cuda --model qwen3.5-0.8b-shaped-random \
             --dtype bfloat16 --requests 24 --device-seeds 0 1 --out "$out/fault_mechanisms_cuda_08b.json" ;;
     engine)
-        step 420 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 4 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+        step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json"
         step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json" ;;
