@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: gemms | diagnose | regressions | tests | exactness | faults | engine | decode |
+#   scripts/gpu.sh PART OUT_DIR       PART: priority | gemms | diagnose | regressions | tests | exactness | faults | engine | decode |
 #                                           prefill | kernels
 #
+#   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
+#              in 10 minutes: the ledger's and the safeguards' rounds (engine's first step), the gemm configurations'
+#              GPU test, decode_gemms.py on the engine's own candidates, the engine with each weight's fastest gemm
 #   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address
 #              and by TMA descriptor), benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a
 #              CUDA graph: cuBLAS, the decode gemm, its swapped tile, by TMA), then benchmarks/gpu_engine.py on the
@@ -47,11 +50,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (gemms | diagnose | regressions | tests | exactness | faults | engine | decode |" \
+    priority|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | gemms | diagnose | regressions | tests | exactness | faults | engine | decode |" \
             "prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -69,6 +72,14 @@ step() {  # step SECONDS NAME COMMAND...: run, log to OUT_DIR/NAME.log, remember
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 case "$part" in
+    priority)
+        step 200 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+            --out "$out/engine_throughput_cuda_08b.json"
+        step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
+        step 140 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
+        step 140 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto --hf-dtype \
+            --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
     gemms)
         step 120 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
         step 320 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json"
