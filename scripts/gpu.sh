@@ -77,8 +77,8 @@ case "$part" in
             --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json"
         step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
-        step 140 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
-        step 140 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto --hf-dtype \
+        step 120 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
+        step 170 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto --hf-dtype \
             --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
     gemms)
         step 120 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
