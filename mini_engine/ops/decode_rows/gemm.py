@@ -158,7 +158,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     blocks = dict(BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
                   num_stages=config.num_stages)
     if config.swap:
-        w = _descriptor(weight, config.block_n, config.block_k) if config.tma else weight
+        if config.tma:  # (made per call: the launcher encodes a descriptor per launch anyway; a graph keeps it)
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            w = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
+        else:
+            w = weight
         _swapped_kernel[grid](x, w, parts, rows, *shared, TMA=config.tma, **blocks)
     else:
         _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks)
@@ -167,20 +172,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
                                                              SPLIT=split, BLOCK=block)
     return out
-
-
-_DESCRIPTORS: dict[tuple, object] = {}  # (address, shape, strides, block) -> its descriptor
-
-
-def _descriptor(weight: torch.Tensor, block_n: int, block_k: int):
-    """A tensor descriptor of ``weight`` in [block_n, block_k] blocks. A descriptor holds only the address, shape
-    and strides, so one made for the same four is the same descriptor: kept, it costs its making once."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), block_n, block_k, weight.dtype)
-    if key not in _DESCRIPTORS:
-        _DESCRIPTORS[key] = TensorDescriptor.from_tensor(weight, [block_n, block_k])
-    return _DESCRIPTORS[key]
 
 
 _CHOSEN: dict[tuple, GemmConfig | None] = {}  # (shape, dtype, device) -> choice: once per process
