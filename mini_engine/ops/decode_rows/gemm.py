@@ -183,8 +183,8 @@ def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats:
     padded 64-row input, one gemm after another in a CUDA graph, each on its own copy of the weight (copies past
     the L2's size, so the weight comes from memory), timed per gemm (``graph_microseconds``) and ranked by the
     sum over ``batches``. Timed alone between two events, a gemm of a few microseconds carries the events' own
-    and is overstated unevenly between candidates. Weights of one shape, dtype and device share one choice,
-    kept for the process."""
+    and is overstated unevenly between candidates. TMA candidates only where the device has TMA (sm_90 on).
+    Weights of one shape, dtype and device share one choice, kept for the process."""
     key = (tuple(weight.shape), weight.dtype, weight.device)
     if key in _CHOSEN:
         return _CHOSEN[key]
@@ -203,7 +203,9 @@ def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats:
         return sum(graph_microseconds([lambda w=w: run(config, b, w) for w in copies], repeats) / len(copies)
                    for b in batches)
 
-    _CHOSEN[key] = min([None, *configs(*weight.shape)], key=microseconds)
+    hopper = torch.cuda.get_device_capability(weight.device) >= (9, 0)  # TMA descriptors need sm_90 or later
+    candidates = [c for c in configs(*weight.shape) if hopper or not c.tma]
+    _CHOSEN[key] = min([None, *candidates], key=microseconds)
     return _CHOSEN[key]
 
 
