@@ -75,8 +75,8 @@ def wide_configs(n_out: int, n_in: int) -> list[gemm_ops.GemmConfig]:
     fits = [(k, split) for k in (128, 256) for split in (1, 2, 4) if n_in % (k * split) == 0]
     grid = [gemm_ops.GemmConfig(n, k, split_k=split, swap=True) for n in (64, 128) for k, split in fits]
     grid += [gemm_ops.GemmConfig(n, k, num_stages=stages, split_k=split, swap=True, tma=True)
-             for n in (16, 32, 64, 128) for k, split in fits for stages in (3, 4) if stages * (n + gemm_ops.BLOCK_M) * k * 2 <= SHARED_BYTES
-             and (n >= 64 or split == 1)]
+             for n in (16, 32, 64, 128) for k, split in fits for stages in (3, 4)
+             if stages * (n + gemm_ops.BLOCK_M) * k * 2 <= SHARED_BYTES and (n >= 64 or split == 1)]
     return list(dict.fromkeys(gemm_ops.configs(n_out, n_in) + grid))
 
 
