@@ -163,8 +163,7 @@ def test_every_gemm_configuration_computes_the_product():
     whole = [c for c in candidates if c.split_k == 1 and not c.swap]
     assert {c.block_n for c in whole} == {16} and {c.block_k for c in whole} == {256, 128}
     assert {c.split_k for c in candidates} == {1, 2, 4}, "a narrow output also splits K"
-    assert {(c.block_n, c.tma, c.split_k) for c in candidates if c.swap} == {
-        (64, False, 1), (64, True, 1), (64, False, 4), (64, True, 4), (32, True, 1), (16, True, 1)}
+    assert {(c.tma, c.split_k) for c in candidates if c.swap} == {(False, 1), (True, 1), (False, 4), (True, 4)}
     alone = torch.zeros(16, 256, dtype=torch.float16)
     alone[0] = x[1]
     for config in candidates:

@@ -113,9 +113,8 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     """Candidate configurations for a weight [n_out, n_in] (the first is the default): column blocks of 16,
     32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
     2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
-    swapped tile on 64 weight rows, by address and by descriptor, over all of K and (narrow outputs) in 4 parts;
-    for narrow outputs also on 32 and 16 weight rows by descriptor (more programs, and no split's second launch:
-    in a CUDA graph each launch costs about 3 us of its own on an H100)."""
+    swapped tile on 64 weight rows, by address and by descriptor, over all of K and (narrow outputs) in 4 parts.
+    (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on an H100: session 12.)"""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
         raise ValueError(f"linear needs in_features divisible by 16; got {n_in}")
@@ -128,8 +127,6 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     if n_out <= 2048:
         swapped += [(4, k) for k in (128, 64) if n_in % (4 * k) == 0][:1]
     out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma) for split, k in swapped for tma in (False, True)]
-    if n_out <= 2048:  # more programs without a second launch: narrower weight tiles over all of K, by TMA
-        out += [GemmConfig(n, block_ks[0], swap=True, tma=True) for n in (32, 16)]
     return out
 
 
