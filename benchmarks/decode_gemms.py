@@ -70,8 +70,7 @@ def wide_configs(n_out: int, n_in: int) -> list[gemm_ops.GemmConfig]:
     """The engine's candidates (``gemm_ops.configs``) and a wider grid of the swapped tile: 64 or 128 weight rows,
     K blocks of 128 or 256, K in 1, 2 or 4 parts whatever the width (more programs in flight per SM), the weight
     by address; by descriptor on 16-128 weight rows (the narrow tiles over all of K) in 3 or 4 pipeline stages.
-    (Session 11's wider grid of the unswapped tile found
-    nothing faster in a graph than its own candidates.)"""
+    (Session 11's wider grid of the unswapped tile found nothing faster in a graph than its own candidates.)"""
     fits = [(k, split) for k in (128, 256) for split in (1, 2, 4) if n_in % (k * split) == 0]
     grid = [gemm_ops.GemmConfig(n, k, split_k=split, swap=True) for n in (64, 128) for k, split in fits]
     grid += [gemm_ops.GemmConfig(n, k, num_stages=stages, split_k=split, swap=True, tma=True)

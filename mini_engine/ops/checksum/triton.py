@@ -35,6 +35,23 @@ def _hash32(x, MIX: tl.constexpr):
 
 
 @triton.jit
+def _chunk_lanes(base, begin, n_words, first_index, MIX: tl.constexpr, LANE0: tl.constexpr, LANE1: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """The two lane sums (int64, not reduced) of words [begin, begin + CHUNK) of the n_words at ``base``, whose
+    first is word ``first_index`` of the digested sequence."""
+    lane0 = tl.zeros([BLOCK], dtype=tl.uint32)
+    lane1 = tl.zeros([BLOCK], dtype=tl.uint32)
+    for step in range(0, CHUNK, BLOCK):
+        j = begin + step + tl.arange(0, BLOCK)
+        ok = j < n_words
+        word = tl.load(base + j, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        index = (first_index + j).to(tl.uint32)  # only index mod 2^32 reaches the digest
+        lane0 += tl.where(ok, _hash32(word + index * LANE0, MIX), 0)
+        lane1 += tl.where(ok, _hash32(word + index * LANE1, MIX), 0)
+    return tl.sum(lane0.to(tl.int64), 0), tl.sum(lane1.to(tl.int64), 0)
+
+
+@triton.jit
 def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, first_word, slot_stride, outer_stride, rows_max,
                      row_words, chunks, HAS_ROWS: tl.constexpr, MIX: tl.constexpr, LANE0: tl.constexpr,
                      LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -50,17 +67,9 @@ def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, first_word, slot
         return
     base = words_ptr + tl.load(slots_ptr + i).to(tl.int64) * slot_stride + o.to(tl.int64) * outer_stride
     first_index = first_word + o.to(tl.int64) * block_words  # the word index of this block's first word
-    lane0 = tl.zeros([BLOCK], dtype=tl.uint32)
-    lane1 = tl.zeros([BLOCK], dtype=tl.uint32)
-    for step in range(0, CHUNK, BLOCK):
-        j = begin + step + tl.arange(0, BLOCK)
-        ok = j < block_words
-        word = tl.load(base + j, mask=ok, other=0).to(tl.uint32, bitcast=True)
-        index = (first_index + j).to(tl.uint32)  # only index mod 2^32 reaches the digest
-        lane0 += tl.where(ok, _hash32(word + index * LANE0, MIX), 0)
-        lane1 += tl.where(ok, _hash32(word + index * LANE1, MIX), 0)
-    tl.atomic_add(lanes_ptr + 2 * i, tl.sum(lane0.to(tl.int64), 0))
-    tl.atomic_add(lanes_ptr + 2 * i + 1, tl.sum(lane1.to(tl.int64), 0))
+    lane0, lane1 = _chunk_lanes(base, begin, block_words, first_index, MIX, LANE0, LANE1, CHUNK, BLOCK)
+    tl.atomic_add(lanes_ptr + 2 * i, lane0)
+    tl.atomic_add(lanes_ptr + 2 * i + 1, lane1)
 
 
 def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None, first_word: int = 0,
@@ -94,23 +103,6 @@ def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tenso
 
 
 @triton.jit
-def _row_lanes(words_ptr, row, begin, n_words, row_stride, MIX: tl.constexpr, LANE0: tl.constexpr,
-               LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """The two lane sums (int64, not reduced) of words [begin, begin + CHUNK) of row ``row`` of n_words."""
-    base = words_ptr + row * row_stride
-    lane0 = tl.zeros([BLOCK], dtype=tl.uint32)
-    lane1 = tl.zeros([BLOCK], dtype=tl.uint32)
-    for step in range(0, CHUNK, BLOCK):
-        j = begin + step + tl.arange(0, BLOCK)
-        ok = j < n_words
-        word = tl.load(base + j, mask=ok, other=0).to(tl.uint32, bitcast=True)
-        index = j.to(tl.uint32)
-        lane0 += tl.where(ok, _hash32(word + index * LANE0, MIX), 0)
-        lane1 += tl.where(ok, _hash32(word + index * LANE1, MIX), 0)
-    return tl.sum(lane0.to(tl.int64), 0), tl.sum(lane1.to(tl.int64), 0)
-
-
-@triton.jit
 def _join(lane0, lane1, DROP_SIGN: tl.constexpr):
     """The 64-bit digest of two lane sums as an int64 bit pattern; with DROP_SIGN its top bit cleared."""
     digest = ((lane0 & 0xFFFFFFFF) << 32) | (lane1 & 0xFFFFFFFF)
@@ -126,8 +118,8 @@ def _row_digest_kernel(words_ptr, parts_ptr, out_ptr, n_words, row_stride, chunk
     """Chunk ``c`` of row ``r``: a row of one chunk is digested here (``out[r]``); else the chunk's lane sums go
     to ``parts[r, c]`` for ``_join_parts_kernel``."""
     c, r = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    lane0, lane1 = _row_lanes(words_ptr, r, c.to(tl.int64) * CHUNK, n_words, row_stride, MIX, LANE0, LANE1, CHUNK,
-                              BLOCK)
+    lane0, lane1 = _chunk_lanes(words_ptr + r * row_stride, c.to(tl.int64) * CHUNK, n_words, 0, MIX, LANE0, LANE1,
+                                CHUNK, BLOCK)
     if ONE_CHUNK:
         tl.store(out_ptr + r, _join(lane0, lane1, DROP_SIGN))
     else:
