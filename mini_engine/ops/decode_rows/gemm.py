@@ -42,15 +42,22 @@ class GemmConfig(NamedTuple):
     tma: bool = False  # with ``swap``: the weight tiles come through a tensor descriptor (Hopper's TMA engine)
 
 
+@triton.jit
+def _program_tile(N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's row tile, column tile and K part (grid axes 0, 1, 2), its rows and columns, and which
+    columns are inside the weight's N."""
+    tile_m, tile_n, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return tile_m, tile_n, part, rows, cols, cols < N
+
+
 @triton.jit(do_not_specialize=["n_live"])  # one compile for every batch size
 def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
     """Rows tile_m, columns tile_n, K part ``part`` (of K_PART columns); with SPLIT > 1 ``out`` is the float32
     partial-sum buffer [SPLIT, P, N] and ``_sum_parts_kernel`` adds the parts."""
-    tile_m, tile_n, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
         kk = part.to(tl.int64) * K_PART + tl.arange(0, BLOCK_K)
@@ -73,10 +80,7 @@ def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
     is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
     zeros). Writes ``out`` (or the parts) in ``_linear_kernel``'s layout."""
-    tile_m, tile_n, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
         k0 = part * K_PART
