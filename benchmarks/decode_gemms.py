@@ -12,7 +12,9 @@ per shape (and summed over a step, times the layers that have it):
   from the tiles');
 - ``triton``: the decode gemm (``ops/decode_rows/gemm.py``) on 1 live row of 64, the fastest of its
   configurations; ``swapped``: its swapped tile (weight @ x.T), the weight loaded by address; ``tma``: the
-  swapped tile with the weight through a tensor descriptor (Hopper's TMA). Which configuration won is printed.
+  swapped tile with the weight through a tensor descriptor (Hopper's TMA); ``tma+pdl``: the same launched as
+  programmatic dependent launches (each gemm's launch overlaps the one before; in a graph a kernel's own fixed
+  cost was about 3 us on an H100, session 12). Which configuration won is printed.
 
 Every time is a gemm **in a CUDA graph**, as a graphed decode step runs it: one shape's gemm captured once per
 copy of its weight (copies past the L2, so the weight comes from memory; ``gemm.past_l2``) and replayed, the
@@ -41,7 +43,7 @@ from mini_engine.ops.decode_rows import gemm as gemm_ops
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s, the H200's device copy (issue 9)
 DEVICE = "cuda"
-TRITON_FAMILIES = ("triton", "swapped", "tma")
+TRITON_FAMILIES = ("triton", "swapped", "tma", "tma+pdl")
 CANDIDATES = ("cublas-64", "cublas-16", "cublas-1", *TRITON_FAMILIES)
 SHARED_BYTES = 232_448  # the H200's shared memory per block: a TMA pipeline's stages must fit
 
@@ -80,7 +82,7 @@ def wide_configs(n_out: int, n_in: int) -> list[gemm_ops.GemmConfig]:
 
 
 def family(config: gemm_ops.GemmConfig) -> str:
-    return "tma" if config.tma else "swapped" if config.swap else "triton"
+    return "tma+pdl" if config.pdl else "tma" if config.tma else "swapped" if config.swap else "triton"
 
 
 def measure(shape: tuple[int, int], wide: bool = False) -> dict:
@@ -99,7 +101,8 @@ def measure(shape: tuple[int, int], wide: bool = False) -> dict:
              "cublas-16": in_graph(lambda w: padded[:16] @ w.T),
              "cublas-1": in_graph(lambda w: padded[:1] @ w.T)}
     configs = {}
-    for config in (wide_configs if wide else gemm_ops.configs)(n_out, n_in):
+    candidates = (wide_configs if wide else gemm_ops.configs)(n_out, n_in)
+    for config in candidates + [c._replace(pdl=True) for c in candidates if c.tma]:
         try:
             configs[config] = in_graph(lambda w, c=config: gemm_ops.linear(padded, w, rows=1, config=c))
         except Exception as error:  # a configuration this device cannot run (shared memory): named, not fatal

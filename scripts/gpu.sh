@@ -7,9 +7,10 @@
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: the ledger's and the safeguards' rounds (engine's first step), the gemm configurations'
 #              GPU test, decode_gemms.py on the engine's own candidates, the engine with each weight's fastest gemm
-#   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address
-#              and by TMA descriptor), benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a
-#              CUDA graph: cuBLAS, the decode gemm, its swapped tile, by TMA), then benchmarks/gpu_engine.py on the
+#   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address,
+#              by TMA descriptor, and as programmatic dependent launches), benchmarks/decode_gemms.py --wide (each
+#              shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the decode gemm, its swapped tile, by TMA, by
+#              TMA with PDL: does PDL take off the ~3 us a kernel costs in a graph?), then benchmarks/gpu_engine.py on the
 #              issue's model (Qwen3.5's vocabulary) with the cuBLAS gemms and with each weight's fastest in a graph
 #              (``decode_gemm="auto"``)
 #

@@ -93,9 +93,10 @@ def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
 
 @pytest.mark.parametrize("n_out, n_in", [(8224, 1024), (1024, 3584), (260, 1024)])
 def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
-    """Each candidate ``gemm.choose`` may pick (the swapped tile by address and by TMA descriptor included), at
-    the 0.8B model's shapes in bfloat16: within bf16 rounding of the float32 product, rows past the batch zero,
-    and a row's bits the same alone as in a batch of 20 (two live 16-row tiles)."""
+    """Each candidate ``gemm.choose`` may pick (the swapped tile by address and by TMA descriptor included), and
+    the TMA tiles as programmatic dependent launches, at the 0.8B model's shapes in bfloat16: within bf16 rounding
+    of the float32 product, rows past the batch zero, and a row's bits the same alone as in a batch of 20 (two
+    live 16-row tiles)."""
     import torch
 
     from mini_engine.ops.decode_rows import gemm
@@ -108,7 +109,8 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     alone = torch.zeros(64, n_in, device="cuda", dtype=torch.bfloat16)
     alone[0] = x[17]
     want = x[:20].float() @ weight.float().T
-    for config in gemm.configs(n_out, n_in):
+    candidates = gemm.configs(n_out, n_in)
+    for config in candidates + [c._replace(pdl=True) for c in candidates if c.tma]:
         got = gemm.linear(x, weight, rows=20, config=config)
         assert relative_error(got[:20], want) <= 1e-2 and not got[20:].any(), config
         assert torch.equal(gemm.linear(alone, weight, rows=1, config=config)[0], got[17]), config

@@ -64,12 +64,12 @@ def _is_constexpr(parameter: inspect.Parameter) -> bool:
 
 def launch_arguments(fn, args: tuple, kwargs: dict) -> tuple[list[inspect.Parameter], dict, dict]:
     """A launch of kernel ``fn`` bound: (its parameters, each one's value, defaults included, and the launch options
-    num_warps / num_stages)."""
+    num_warps / num_stages / launch_pdl)."""
     parameters = list(inspect.signature(fn).parameters.values())
     values = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
     values.update(zip((p.name for p in parameters), args))
     values.update({k: v for k, v in kwargs.items() if k in {p.name for p in parameters}})
-    return parameters, values, {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+    return parameters, values, {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages", "launch_pdl")}
 
 
 def record(path: str) -> None:
@@ -132,6 +132,9 @@ def _exercise() -> None:
             x = torch.zeros(64, weight.shape[1], dtype=dtype)
             for choice in gemm.configs(*weight.shape):
                 gemm.linear(x, weight, rows=1, config=choice)
+            # the swapped tile as a programmatic dependent launch (decode_gemms.py's "pdl"; recorded, not run:
+            # the interpreter has no griddepcontrol)
+            gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True))
     heads, dim, tokens = 32, 128, 130
     g, beta = -torch.rand(tokens, heads), torch.rand(tokens, heads)
     for dtype in (torch.float32, torch.bfloat16):  # the walk in every configuration a GPU may pick for it

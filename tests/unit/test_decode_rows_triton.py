@@ -176,6 +176,9 @@ def test_every_gemm_configuration_computes_the_product():
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 96))
     with pytest.raises(ValueError, match="needs swap=True"):
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, tma=True))
+    with pytest.raises(ValueError, match="pdl=True .* needs swap=True"):
+        gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, pdl=True))
+    assert not any(c.pdl for c in candidates), "a programmatic dependent launch is not an engine candidate (yet)"
 
 
 def test_the_swapped_tile_reads_the_weights_edge_rows_as_zeros():

@@ -27,6 +27,11 @@ import triton.language as tl
 
 from mini_engine.ops import invariant as inv
 
+try:  # programmatic dependent launch (sm_90 on): in triton.language.extra.cuda from triton 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - an older triton: pdl configurations are refused
+    gdc_launch_dependents = gdc_wait = None
+
 __all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2"]
 
 BLOCK_M = 16  # rows per program, fixed whatever the batch
@@ -40,6 +45,7 @@ class GemmConfig(NamedTuple):
     split_k: int = 1  # K in this many fixed parts, their float32 partial sums added in a fixed order
     swap: bool = False  # the weight tile as the product's left operand: out.T = weight @ x.T (``_swapped_kernel``)
     tma: bool = False  # with ``swap``: the weight tiles come through a tensor descriptor (Hopper's TMA engine)
+    pdl: bool = False  # with ``swap``: a programmatic dependent launch (``_swapped_kernel``'s PDL)
 
 
 @triton.jit
@@ -75,11 +81,18 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
 
 @triton.jit(do_not_specialize=["n_live"])
 def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
+                    PDL: tl.constexpr):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
     is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
-    zeros). Writes ``out`` (or the parts) in ``_linear_kernel``'s layout."""
+    zeros). Writes ``out`` (or the parts) in ``_linear_kernel``'s layout. With PDL the kernel was launched as a
+    programmatic dependent launch, so it may start while the kernel before it still runs: it waits for that
+    kernel to finish (griddepcontrol.wait: its writes visible) before it reads or writes anything, then lets the
+    next kernel launch at once (a dependent launched so waits in turn for this one to finish)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
@@ -153,6 +166,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     if config.tma and not (config.swap and weight.data_ptr() % 16 == 0):
         raise ValueError(f"tma=True loads the weight as the swapped kernel's left operand by a descriptor: it needs "
                          f"swap=True and a 16-byte aligned weight; got {config} and address {weight.data_ptr()}")
+    if config.pdl and not (config.swap and gdc_wait is not None):
+        raise ValueError(f"pdl=True is the swapped kernel's programmatic dependent launch: it needs swap=True and a "
+                         f"triton with triton.language.extra.cuda.gdc_wait (3.4 on); got {config}, triton "
+                         f"{triton.__version__}")
     out = x.new_empty(padded, n_out)
     if not padded:
         return out
@@ -169,7 +186,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
             w = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
         else:
             w = weight
-        _swapped_kernel[grid](x, w, parts, rows, *shared, TMA=config.tma, **blocks)
+        pdl = {"launch_pdl": True} if config.pdl else {}  # (only when asked: the option is part of a compile's key)
+        _swapped_kernel[grid](x, w, parts, rows, *shared, TMA=config.tma, PDL=config.pdl, **blocks, **pdl)
     else:
         _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks)
     if split > 1:
