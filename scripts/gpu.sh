@@ -10,9 +10,9 @@
 #   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address,
 #              by TMA descriptor, and as programmatic dependent launches), benchmarks/decode_gemms.py --wide (each
 #              shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the decode gemm, its swapped tile, by TMA, by
-#              TMA with PDL: does PDL take off the ~3 us a kernel costs in a graph?), then benchmarks/gpu_engine.py on the
-#              issue's model (Qwen3.5's vocabulary) with the cuBLAS gemms and with each weight's fastest in a graph
-#              (``decode_gemm="auto"``)
+#              TMA with PDL: does PDL take off the ~3 us a kernel costs in a graph?), then benchmarks/gpu_engine.py
+#              on the issue's model (Qwen3.5's vocabulary) with the cuBLAS gemms and with each weight's fastest in a
+#              graph (``decode_gemm="auto"``)
 #
 #   diagnose   the two measurements the open goals of issue 9 wait on, first: one ledger run of the 0.8B engine under
 #              torch.profiler and cProfile (where the ledger's host time goes: 75 us a row on the H100, 28 % of the
