@@ -90,7 +90,7 @@ class StateStorage:
 
     def checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
         """``checksum`` of each (slot, length): ints, or on CUDA ``DeviceDigest``s of the same bytes computed
-        together, one pass per pool for all the slots (no copy of a slot, no sync)."""
+        together, one launch for all the slots (no copy of a slot, no sync)."""
         self.hashed_bytes += sum(self.nbytes(n) for n in lengths)
         if not self.conv.is_cuda:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
@@ -100,7 +100,7 @@ class StateStorage:
 
     def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
         """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes, on the pools' device: one
-        upload of the indices, one pass per pool adding into one buffer (``state_lanes``), no sync."""
+        upload of the indices, one launch over the three pools (``state_lanes``), no sync."""
         from mini_engine.ops.checksum.triton import state_lanes
 
         index = upload(torch.tensor([slots, [n % SNAPSHOT_ALIGN for n in lengths]], dtype=torch.int32),

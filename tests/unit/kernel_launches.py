@@ -102,7 +102,7 @@ def _exercise() -> None:
     from mini_engine.model.decode import DecodeModel, Pools, decode_step
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
-    from mini_engine.ops.checksum.triton import checksum_lanes, row_digests
+    from mini_engine.ops.checksum.triton import checksum_lanes, row_digests, state_lanes
     from mini_engine.ops.decode_rows import gemm
     from mini_engine.ops.gated_delta_rule.triton import (
         chunk_gated_delta_rule_triton,
@@ -158,6 +158,8 @@ def _exercise() -> None:
     for tensor in (states.conv, states.rec, states.pending, kv.keys):
         checksum_lanes(pool=tensor, slots=torch.tensor([1, 2], dtype=torch.int32))
     checksum_lanes(pool=states.pending, slots=torch.tensor([1], dtype=torch.int32), rows=torch.tensor([5]))
+    state_lanes(conv=states.conv, rec=states.rec, pending=states.pending, slots=torch.tensor([1, 2], dtype=torch.int32),
+                rows=torch.tensor([5, 0], dtype=torch.int32))  # the ledger's state digests
     for width in (260, 9000):  # the logits check of the byte vocabulary (one launch) and of a wide one (two)
         row_digests(torch.zeros(2, width), drop_sign=True)
     copy_slots(pools=[states.conv, states.rec], dst=torch.tensor([1]), src=torch.tensor([2]), pending=states.pending,
