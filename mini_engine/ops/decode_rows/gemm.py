@@ -63,7 +63,7 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
     """Rows tile_m, columns tile_n, K part ``part`` (of K_PART columns); with SPLIT > 1 ``out`` is the float32
     partial-sum buffer [SPLIT, P, N] and ``_sum_parts_kernel`` adds the parts."""
-    tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
+    tile_m, _, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
         kk = part.to(tl.int64) * K_PART + tl.arange(0, BLOCK_K)
@@ -177,8 +177,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     parts = out if split == 1 else torch.empty(split, padded, n_out, dtype=torch.float32, device=x.device)
     grid = (padded // BLOCK_M, triton.cdiv(n_out, config.block_n), split)
     shared = (n_out, n_in // split, x.stride(0), weight.stride(0), n_out, 0 if split == 1 else parts.stride(0))
-    blocks = dict(BLOCK_M=BLOCK_M, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-                  num_stages=config.num_stages)
+    blocks = {"BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
+              "num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.swap:
         if config.tma:  # (made per call: the launcher encodes a descriptor per launch anyway; a graph keeps it)
             from triton.tools.tensor_descriptor import TensorDescriptor
@@ -223,7 +223,7 @@ def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats:
             linear(inputs[b], w, rows=b, config=config)
 
     def microseconds(config: GemmConfig | None) -> float:
-        return sum(graph_microseconds([lambda w=w: run(config, b, w) for w in copies], repeats) / len(copies)
+        return sum(graph_microseconds([lambda w=w, b=b: run(config, b, w) for w in copies], repeats) / len(copies)
                    for b in batches)
 
     hopper = torch.cuda.get_device_capability(weight.device) >= (9, 0)  # TMA descriptors need sm_90 or later
