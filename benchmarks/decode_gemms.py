@@ -14,7 +14,9 @@ per shape (and summed over a step, times the layers that have it):
   configurations; ``swapped``: its swapped tile (weight @ x.T), the weight loaded by address; ``tma``: the
   swapped tile with the weight through a tensor descriptor (Hopper's TMA); ``tma+pdl``: the same launched as
   programmatic dependent launches (each gemm's launch overlaps the one before; in a graph a kernel's own fixed
-  cost was about 3 us on an H100, session 12). Which configuration won is printed.
+  cost was about 3 us on an H100, session 12). The swapped splits run also with their parts added by each
+  tile's last program in the same launch (``fused_sum``; "k/4+" in the table), not by a second launch, which
+  costs a kernel's fixed cost. Which configuration won is printed.
 
 Every time is a gemm **in a CUDA graph**, as a graphed decode step runs it: one shape's gemm captured once per
 copy of its weight (copies past the L2, so the weight comes from memory; ``gemm.past_l2``) and replayed, the
@@ -70,15 +72,18 @@ def step_weights(vocab: int | None) -> dict[tuple[int, int], int]:
 
 
 def wide_configs(n_out: int, n_in: int) -> list[gemm_ops.GemmConfig]:
-    """The engine's candidates (``gemm_ops.configs``) and a wider grid of the swapped tile: 64 or 128 weight rows,
-    K blocks of 128 or 256, K in 1, 2 or 4 parts whatever the width (more programs in flight per SM), the weight
-    by address; by descriptor on 16-128 weight rows (the narrow tiles over all of K) in 3 or 4 pipeline stages.
-    (Session 11's wider grid of the unswapped tile found nothing faster in a graph than its own candidates.)"""
+    """The engine's candidates (``gemm_ops.configs``) and a wider grid of the swapped tile: K blocks of 128 or 256,
+    K in 1, 2 or 4 parts whatever the width (more programs in flight per SM); the weight by address on 64 weight
+    rows, by descriptor on 16-128 (the narrow tiles over all of K) in 4 pipeline stages, or 3 where 4 do not fit.
+    (Session 11's wider grid of the unswapped tile found nothing faster in a graph than its own candidates; session
+    12's 3-stage pipelines gained 1-3 % where 4 fit.)"""
     fits = [(k, split) for k in (128, 256) for split in (1, 2, 4) if n_in % (k * split) == 0]
-    grid = [gemm_ops.GemmConfig(n, k, split_k=split, swap=True) for n in (64, 128) for k, split in fits]
-    grid += [gemm_ops.GemmConfig(n, k, num_stages=stages, split_k=split, swap=True, tma=True)
-             for n in (16, 32, 64, 128) for k, split in fits for stages in (3, 4)
-             if stages * (n + gemm_ops.BLOCK_M) * k * 2 <= SHARED_BYTES and (n >= 64 or split == 1)]
+    grid = [gemm_ops.GemmConfig(64, k, split_k=split, swap=True) for k, split in fits]
+    for n in (16, 32, 64, 128):
+        for k, split in fits:
+            stages = 4 if 4 * (n + gemm_ops.BLOCK_M) * k * 2 <= SHARED_BYTES else 3
+            if n >= 64 or split == 1:
+                grid.append(gemm_ops.GemmConfig(n, k, num_stages=stages, split_k=split, swap=True, tma=True))
     return list(dict.fromkeys(gemm_ops.configs(n_out, n_in) + grid))
 
 
@@ -102,8 +107,11 @@ def measure(shape: tuple[int, int], wide: bool = False) -> dict:
              "cublas-16": in_graph(lambda w: padded[:16] @ w.T),
              "cublas-1": in_graph(lambda w: padded[:1] @ w.T)}
     configs = {}
-    candidates = (wide_configs if wide else gemm_ops.configs)(n_out, n_in)
-    for config in candidates + [c._replace(pdl=True) for c in candidates if c.tma]:
+    own = gemm_ops.configs(n_out, n_in)
+    own += [c._replace(fused_sum=True) for c in own if c.swap and c.split_k > 1]
+    candidates = wide_configs(n_out, n_in) if wide else own
+    candidates += [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1 and not c.fused_sum]
+    for config in list(dict.fromkeys(candidates + [c._replace(pdl=True) for c in own if c.tma])):
         try:
             configs[config] = in_graph(lambda w, c=config: gemm_ops.linear(padded, w, rows=1, config=c))
         except (OutOfResources, CompilationError) as error:  # one this device cannot run: named, not fatal
@@ -183,9 +191,9 @@ def main() -> None:
 
 
 def label(config: dict) -> str:
-    """A configuration in a table cell: block_n x block_k, warps, stages, K parts."""
+    """A configuration in a table cell: block_n x block_k, warps, stages, K parts (+: added in the same launch)."""
     return (f"{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
-            f" k/{config['split_k']}")
+            f" k/{config['split_k']}{'+' if config.get('fused_sum') else ''}")
 
 if __name__ == "__main__":
     main()

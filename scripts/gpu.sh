@@ -8,11 +8,11 @@
 #              in 10 minutes: the ledger's and the safeguards' rounds (engine's first step), the gemm configurations'
 #              GPU test, decode_gemms.py on the engine's own candidates, the engine with each weight's fastest gemm
 #   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address,
-#              by TMA descriptor, and as programmatic dependent launches), benchmarks/decode_gemms.py --wide (each
-#              shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the decode gemm, its swapped tile, by TMA, by
-#              TMA with PDL: does PDL take off the ~3 us a kernel costs in a graph?), then benchmarks/gpu_engine.py
-#              on the issue's model (Qwen3.5's vocabulary) with the cuBLAS gemms and with each weight's fastest in a
-#              graph (``decode_gemm="auto"``)
+#              by TMA descriptor, its splits summed in one launch, as programmatic dependent launches), then
+#              benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the
+#              decode gemm, its swapped tile, by TMA, by TMA with PDL, splits summed in one launch: do they take off
+#              the ~3 us a kernel costs in a graph?); the engine with each weight's fastest (``decode_gemm="auto"``)
+#              is priority's last step
 #
 #   diagnose   the two measurements the open goals of issue 9 wait on, first: one ledger run of the 0.8B engine under
 #              torch.profiler and cProfile (where the ledger's host time goes: 75 us a row on the H100, 28 % of the
@@ -78,14 +78,12 @@ case "$part" in
             --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             --out "$out/engine_throughput_cuda_08b.json"
         step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
-        step 120 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
-        step 170 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto --hf-dtype \
-            --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
-    gemms)
-        step 120 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
-        step 320 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json"
+        step 150 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
         step 150 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto --hf-dtype \
             --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
+    gemms)
+        step 100 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
+        step 460 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json" ;;
     diagnose)
         step 230 ledger_profile python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 1 --modes "copy, overlap, ledger" "copy, overlap" --profile "$out/ledger_profile.txt" \

@@ -93,10 +93,11 @@ def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
 
 @pytest.mark.parametrize("n_out, n_in", [(8224, 1024), (1024, 3584), (260, 1024)])
 def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
-    """Each candidate ``gemm.choose`` may pick (the swapped tile by address and by TMA descriptor included), and
-    the TMA tiles as programmatic dependent launches, at the 0.8B model's shapes in bfloat16: within bf16 rounding
-    of the float32 product, rows past the batch zero, and a row's bits the same alone as in a batch of 20 (two
-    live 16-row tiles)."""
+    """Each candidate ``gemm.choose`` may pick (the swapped tile by address and by TMA descriptor included), the
+    swapped splits with their parts added in the same launch (``fused_sum``: the two-launch split's bits, on real
+    concurrent programs), and the TMA tiles as programmatic dependent launches, at the 0.8B model's shapes in
+    bfloat16: within bf16 rounding of the float32 product, rows past the batch zero, and a row's bits the same
+    alone as in a batch of 20 (two live 16-row tiles)."""
     import torch
 
     from mini_engine.ops.decode_rows import gemm
@@ -110,7 +111,11 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     alone[0] = x[17]
     want = x[:20].float() @ weight.float().T
     candidates = gemm.configs(n_out, n_in)
-    for config in candidates + [c._replace(pdl=True) for c in candidates if c.tma]:
+    fused = [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1]
+    for config in candidates + fused + [c._replace(pdl=True) for c in candidates + fused if c.tma]:
         got = gemm.linear(x, weight, rows=20, config=config)
         assert relative_error(got[:20], want) <= 1e-2 and not got[20:].any(), config
         assert torch.equal(gemm.linear(alone, weight, rows=1, config=config)[0], got[17]), config
+        if config.fused_sum:
+            two_launches = gemm.linear(x, weight, rows=20, config=config._replace(fused_sum=False, pdl=False))
+            assert torch.equal(got, two_launches), config

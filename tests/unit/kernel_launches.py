@@ -135,6 +135,9 @@ def _exercise() -> None:
             # the swapped tile as a programmatic dependent launch (decode_gemms.py's "pdl"; recorded, not run:
             # the interpreter has no griddepcontrol)
             gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True))
+            for tma in (False, True):  # a split whose parts the tile's last program adds (fused_sum)
+                gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 128, split_k=4, swap=True, tma=tma,
+                                                                      fused_sum=True))
     heads, dim, tokens = 32, 128, 130
     g, beta = -torch.rand(tokens, heads), torch.rand(tokens, heads)
     for dtype in (torch.float32, torch.bfloat16):  # the walk in every configuration a GPU may pick for it

@@ -181,6 +181,23 @@ def test_every_gemm_configuration_computes_the_product():
     assert not any(c.pdl for c in candidates), "a programmatic dependent launch is not an engine candidate (yet)"
 
 
+def test_a_fused_sum_gives_the_two_launch_splits_bits():
+    """K in 4 parts added by each tile's last program in the same launch (``fused_sum``): the bits of the split whose
+    parts a second launch adds (the same order), by address and by descriptor, over two live row tiles and a tile
+    past the batch; every tile counter is back at zero after it (a graph replays the launch as it is)."""
+    gen = torch.Generator().manual_seed(10)
+    weight = randn(100, 64, gen=gen, dtype=torch.float16)
+    x = torch.zeros(48, 64, dtype=torch.float16)
+    x[:18] = randn(18, 64, gen=gen, dtype=torch.float16)
+    for tma in (False, True):
+        two = gemm.GemmConfig(64, 16, split_k=4, swap=True, tma=tma)
+        got = gemm.linear(x, weight, rows=18, config=two._replace(fused_sum=True))
+        assert torch.equal(got, gemm.linear(x, weight, rows=18, config=two)) and not got[18:].any(), tma
+        assert not gemm._counters(1, x.device).any(), "a tile counter was left set"
+    with pytest.raises(ValueError, match="needs swap=True and split_k > 1"):
+        gemm.linear(x, weight, rows=18, config=gemm.GemmConfig(64, 16, swap=True, fused_sum=True))
+
+
 def test_the_swapped_tile_reads_the_weights_edge_rows_as_zeros():
     """The swapped kernel on a weight whose rows end inside a block (by address, masked; by descriptor, the
     TMA's zero fill) and in a second live 16-row tile: the product within fp16 rounding, padding rows zero."""

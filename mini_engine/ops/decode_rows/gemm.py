@@ -46,6 +46,7 @@ class GemmConfig(NamedTuple):
     swap: bool = False  # the weight tile as the product's left operand: out.T = weight @ x.T (``_swapped_kernel``)
     tma: bool = False  # with ``swap``: the weight tiles come through a tensor descriptor (Hopper's TMA engine)
     pdl: bool = False  # with ``swap``: a programmatic dependent launch (``_swapped_kernel``'s PDL)
+    fused_sum: bool = False  # with ``swap`` and split_k > 1: the parts added by the tile's last program, one launch
 
 
 @triton.jit
@@ -80,16 +81,21 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
 
 
 @triton.jit(do_not_specialize=["n_live"])
-def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride,
+def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final, counters,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PDL: tl.constexpr, SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
     is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
     zeros). Writes ``out`` (or the parts) in ``_linear_kernel``'s layout. With PDL the kernel was launched as a
     programmatic dependent launch, so it may start while the kernel before it still runs: it waits for that
     kernel to finish (griddepcontrol.wait: its writes visible) before it reads or writes anything, then lets the
-    next kernel launch at once (a dependent launched so waits in turn for this one to finish)."""
+    next kernel launch at once (a dependent launched so waits in turn for this one to finish).
+
+    With FUSED_SUM (K in SPLIT parts), ``out`` is the parts buffer and the tile's parts are added in one launch:
+    each program stores its part, then counts itself in on the tile's counter (``counters``, zero at rest); the
+    program that counts last adds the SPLIT parts in order 0, 1, ... (``_sum_parts_kernel``'s order, so the same
+    bits) into ``final`` and sets the counter back to zero for the next launch."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -112,6 +118,17 @@ def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride
             x_tile += BLOCK_K
     target = out + part.to(tl.int64) * part_stride + rows.to(tl.int64)[None, :] * out_stride + cols[:, None]
     tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[:, None])
+    if FUSED_SUM:
+        tile = counters + tile_m * tl.num_programs(1) + tile_n
+        tl.debug_barrier()  # every thread's part stored before the count that publishes it (release, gpu scope)
+        if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLIT - 1:
+            first = out + rows.to(tl.int64)[None, :] * out_stride + cols[:, None]
+            total = tl.load(first, mask=col_ok[:, None], other=0.0, cache_modifier=".cg")
+            for other in tl.static_range(1, SPLIT):
+                total += tl.load(first + other * part_stride, mask=col_ok[:, None], other=0.0, cache_modifier=".cg")
+            tl.store(final + rows.to(tl.int64)[None, :] * out_stride + cols[:, None],
+                     total.to(final.dtype.element_ty), mask=col_ok[:, None])
+            tl.atomic_xchg(tile, 0)
 
 
 @triton.jit
@@ -166,6 +183,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     if config.tma and not (config.swap and weight.data_ptr() % 16 == 0):
         raise ValueError(f"tma=True loads the weight as the swapped kernel's left operand by a descriptor: it needs "
                          f"swap=True and a 16-byte aligned weight; got {config} and address {weight.data_ptr()}")
+    if config.fused_sum and not (config.swap and config.split_k > 1):
+        raise ValueError(f"fused_sum=True adds the swapped kernel's K parts in its own launch: it needs swap=True and "
+                         f"split_k > 1; got {config}")
     if config.pdl and not (config.swap and gdc_wait is not None):
         raise ValueError(f"pdl=True is the swapped kernel's programmatic dependent launch: it needs swap=True and a "
                          f"triton with triton.language.extra.cuda.gdc_wait (3.4 on); got {config}, triton "
@@ -187,14 +207,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         else:
             w = weight
         pdl = {"launch_pdl": True} if config.pdl else {}  # (only when asked: the option is part of a compile's key)
-        _swapped_kernel[grid](x, w, parts, rows, *shared, TMA=config.tma, PDL=config.pdl, **blocks, **pdl)
+        counters = _counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
+        _swapped_kernel[grid](x, w, parts, rows, *shared, out, counters, TMA=config.tma, PDL=config.pdl, SPLIT=split,
+                              FUSED_SUM=config.fused_sum, **blocks, **pdl)
     else:
         _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks)
-    if split > 1:
+    if split > 1 and not config.fused_sum:
         block = min(1024, triton.next_power_of_2(n_out))
         _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
                                                              SPLIT=split, BLOCK=block)
     return out
+
+
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # per device, every tile-counter buffer ever made
+
+
+def _counters(tiles: int, device: torch.device) -> torch.Tensor:
+    """A buffer of at least ``tiles`` int32 tile counters on ``device``, zero at rest (each fused-sum launch sets its
+    counters back). Kept for the process and never freed: a captured CUDA graph holds its address. Launches on one
+    stream share it (they run one after another); two streams running fused-sum gemms at once would need two."""
+    kept = _COUNTERS.setdefault(device, [])
+    if not kept or kept[-1].numel() < tiles:
+        kept.append(torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device))
+    return kept[-1]
 
 
 _CHOSEN: dict[tuple, GemmConfig | None] = {}  # (shape, dtype, device) -> choice: once per process
