@@ -8,7 +8,10 @@ columns over all of K, or over a fixed part of K (``split_k``: the parts' float3
 order by a second launch); tiles wholly past the batch write their zeros and read no weight. With ``swap``
 the same tile is computed as weight @ x.T: the weight's ``block_n`` rows are the tensor-core tile's long
 side (Hopper's warpgroup products take 64 rows there) and the 16 input rows its short one, the weight
-loaded by address or (``tma``) by a tensor descriptor, as decode kernels for small batches do.
+loaded by address or (``tma``) by a tensor descriptor, as decode kernels for small batches do. Two launch
+variants of the swapped tile wait for a GPU's timing before the engine offers them: a split whose parts the
+tile's last program adds in the same launch (``fused_sum``), and programmatic dependent launches (``pdl``).
+In a CUDA graph each kernel costs about 3 us of its own on an H100, whatever it streams (session 12).
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
 Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
