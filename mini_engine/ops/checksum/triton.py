@@ -7,11 +7,11 @@ lane totals. ``digests`` reduces those mod 2^32 and joins the two halves on the 
 
 A digest covers a word sequence; lanes of consecutive segments add up. The digest of a
 concatenation (the engine's conv | rec | pending rows of a slot) is the sum of each segment's
-lanes, each computed with ``first_word`` = the number of words before it::
+lanes, each segment's words indexed from the number of words before it::
 
-    lanes(conv, first_word=0) + lanes(rec, first_word=conv_words) + lanes(pending, rows=..., first_word=...)
+    lanes(conv from word 0) + lanes(rec from word conv_words) + lanes(pending rows from conv_words + rec_words)
 
-``state_lanes`` computes exactly that sum for many slots in one launch (the ledger's state digests);
+``state_lanes`` computes that sum for many slots in one launch (the ledger's state digests);
 ``row_digests`` finishes each row's digest on the device (the logits check).
 """
 
@@ -55,7 +55,7 @@ def _chunk_lanes(base, begin, n_words, first_index, MIX: tl.constexpr, LANE0: tl
 
 
 @triton.jit
-def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, first_word, slot_stride, outer_stride, rows_max,
+def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, slot_stride, outer_stride, rows_max,
                      row_words, chunks, HAS_ROWS: tl.constexpr, MIX: tl.constexpr, LANE0: tl.constexpr,
                      LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Chunk ``c`` of block ``o`` of the i-th listed slot: its two lane sums, added into lanes[i]."""
@@ -69,37 +69,30 @@ def _checksum_kernel(words_ptr, slots_ptr, rows_ptr, lanes_ptr, first_word, slot
     if begin >= block_words:
         return
     base = words_ptr + tl.load(slots_ptr + i).to(tl.int64) * slot_stride + o.to(tl.int64) * outer_stride
-    first_index = first_word + o.to(tl.int64) * block_words  # the word index of this block's first word
+    first_index = o.to(tl.int64) * block_words  # the word index of this block's first word
     lane0, lane1 = _chunk_lanes(base, begin, block_words, first_index, MIX, LANE0, LANE1, CHUNK, BLOCK)
     tl.atomic_add(lanes_ptr + 2 * i, lane0)
     tl.atomic_add(lanes_ptr + 2 * i + 1, lane1)
 
 
-def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None, first_word: int = 0,
-                   out: torch.Tensor | None = None, layout: PoolWords | None = None) -> torch.Tensor:
+def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Lane sums [n, 2] int64 (not yet reduced mod 2^32) of ``pool[slots[i]]``, one launch; no sync.
 
     ``rows`` (None: whole slots): [n] ints, slot i then covers ``pool[slots[i], :, :rows[i]]`` of a
-    pool [n_slots, outer, rows_max, ...] (``mini_engine.ops.slot_layout``). ``first_word`` is the
-    word index of the segment's first word in the digested sequence. ``out``: a [n, 2] int64 buffer the
-    sums are added into (the lanes of a concatenation's earlier segments), returned; else a new one.
-    ``layout``: ``pool_words(pool, partial=rows is not None)``, when the caller keeps it.
+    pool [n_slots, outer, rows_max, ...] (``mini_engine.ops.slot_layout``).
     """
-    if layout is None:
-        layout = pool_words(pool, partial=rows is not None)
+    layout = pool_words(pool, partial=rows is not None)
     n = slots.numel()
     if slots.shape != (n,) or (rows is not None and rows.shape != (n,)):
         raise ValueError(f"slots and rows must be 1-D of one length; got {tuple(slots.shape)} and "
                          f"{None if rows is None else tuple(rows.shape)}")
-    if out is not None and (out.shape != (n, 2) or out.dtype != torch.int64):
-        raise ValueError(f"out must be an int64 [{n}, 2] buffer; got {out.dtype} {tuple(out.shape)}")
-    lanes = torch.zeros((n, 2), dtype=torch.int64, device=pool.device) if out is None else out
+    lanes = torch.zeros((n, 2), dtype=torch.int64, device=pool.device)
     chunks = triton.cdiv(layout.rows_max * layout.row_words, CHUNK)
     if n and chunks:
         slots = slots.to(pool.device)
         rows = slots if rows is None else rows.to(pool.device)  # unread when there are no rows
         _checksum_kernel[(layout.outer * chunks, n)](
-            layout.words, slots, rows, lanes, first_word, layout.slot_stride, layout.outer_stride, layout.rows_max,
+            layout.words, slots, rows, lanes, layout.slot_stride, layout.outer_stride, layout.rows_max,
             layout.row_words, chunks, HAS_ROWS=rows is not slots, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
             LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
     return lanes
