@@ -163,7 +163,8 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     swapped = [(1, block_ks[0])]
     if n_out <= 2048:
         swapped += [(4, k) for k in (128, 64) if n_in % (4 * k) == 0][:1]
-    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma) for split, k in swapped for tma in (False, True)]
+    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=pdl) for split, k in swapped
+            for tma, pdl in ((False, False), (True, False), (True, True))]
     return out
 
 
@@ -265,7 +266,7 @@ def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats:
                    for b in batches)
 
     hopper = torch.cuda.get_device_capability(weight.device) >= (9, 0)  # TMA descriptors need sm_90 or later
-    candidates = [c for c in configs(*weight.shape) if hopper or not c.tma]
+    candidates = [c for c in configs(*weight.shape) if hopper or not (c.tma or c.pdl)]
     _CHOSEN[key] = min([None, *candidates], key=microseconds)
     return _CHOSEN[key]
 
