@@ -48,6 +48,9 @@ class EngineConfig:
     cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
     decode_gemm: str = "cublas"  # the triton decode's 16-bit projections (constants.DECODE_GEMMS)
     decode_gdn: str = "split"  # the triton decode's Gated DeltaNet layers: three launches or one (constants.GDN_STEPS)
+    # The triton decode's Triton kernels as programmatic dependent launches: each may start while the one before
+    # still runs, and waits for it before it reads anything (the same bits). Needs a Hopper GPU (``ops.pdl``).
+    decode_pdl: bool = False
     # The projections' weights (linear layers, embedding, head) and gemm inputs; the residual stream,
     # norms, gates, recurrent states and KV stay float32. "bfloat16" halves the bytes a decode step reads.
     dtype: str = "float32"
@@ -86,6 +89,10 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_gemm={self.decode_gemm!r}; allowed: {DECODE_GEMMS}")
         if self.decode_gdn not in GDN_STEPS:
             raise ValueError(f"EngineConfig.decode_gdn={self.decode_gdn!r}; allowed: {GDN_STEPS}")
+        if self.decode_pdl and (self.device != "cuda" or self.decode_kernels == "reference"):
+            raise ValueError(f"EngineConfig.decode_pdl=True launches the triton decode's kernels on a GPU: it needs "
+                             f"device='cuda' and decode_kernels 'triton' or 'auto'; got device={self.device!r}, "
+                             f"decode_kernels={self.decode_kernels!r}")
         for name in ("decode_kernels", "prefill_kernels"):
             choice = getattr(self, name)
             if choice not in KERNEL_CHOICES:

@@ -117,7 +117,8 @@ class Engine:
                                   track_writer="track_writer=off" not in config.faults,
                                   decode_path=config.decode_path, prefill_path=config.prefill_path,
                                   cuda_graphs=config.cuda_graphs,
-                                  decode_gemm=config.decode_gemm, decode_gdn=config.decode_gdn)
+                                  decode_gemm=config.decode_gemm, decode_gdn=config.decode_gdn,
+                                  decode_pdl=config.decode_pdl)
         self.requests: dict[str, Request] = {}
         self.steps = 0
         self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)

@@ -23,6 +23,7 @@ from mini_engine.model.decode import DecodeGraphs, DecodeModel, Pools, decode_st
 from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
+from mini_engine.ops import pdl
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, rows_lanes
 
@@ -60,7 +61,7 @@ class ModelRunner:
                  stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences, *,
                  instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference",
                  prefill_path: str = "reference", cuda_graphs: bool = False, decode_gemm: str = "cublas",
-                 decode_gdn: str = "split") -> None:
+                 decode_gdn: str = "split", decode_pdl: bool = False) -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
@@ -69,7 +70,10 @@ class ModelRunner:
         self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
         self.prefill_path = prefill_path  # HybridModel.forward's kernels
         self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
-        self.decode_model = DecodeModel(model, gemm=decode_gemm, gdn=decode_gdn) if decode_path == "triton" else None
+        if decode_pdl and (reason := pdl.supported(device.torch_device)):
+            raise ValueError(f"EngineConfig.decode_pdl=True: {reason}")
+        self.decode_model = (DecodeModel(model, gemm=decode_gemm, gdn=decode_gdn, pdl=decode_pdl)
+                             if decode_path == "triton" else None)
         self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0

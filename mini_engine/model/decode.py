@@ -43,6 +43,7 @@ from mini_engine.constants import DECODE_GEMMS, GDN_STEPS
 from mini_engine.device import upload
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
+from mini_engine.ops import pdl
 from mini_engine.ops.decode_rows import gemm as gemm_ops
 from mini_engine.ops.decode_rows import triton as row_ops
 from mini_engine.ops.decode_rows.gdn_step import gdn_step
@@ -103,13 +104,14 @@ class DecodeModel:
     weights are the model's ``FusedProjection``s as they are at construction (copies of the parts, in the
     model's weight dtype and on its device, shared with the Triton prefill)."""
 
-    def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split") -> None:
+    def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split", pdl: bool = False) -> None:
         if gemm not in DECODE_GEMMS:
             raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
         if gdn not in GDN_STEPS:
             raise ValueError(f"gdn must be one of {GDN_STEPS}; got {gdn!r}")
         self.model = model
         self.gdn = gdn  # a GDN layer between its projections: three launches ("split") or one (``gdn_step``)
+        self.pdl = pdl  # the step's Triton kernels as programmatic dependent launches (``ops.pdl``; sm_90 on)
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
         self._gemms: dict[int, gemm_ops.GemmConfig] = {}  # id(weight) -> its Triton gemm; absent: inv.linear
@@ -176,6 +178,12 @@ def _decode(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
     The residual stream ``x`` is float32 [P, hidden], P the batch rounded up to the gemm tile, padding rows
     zero: every projection is then one fixed-shape gemm per tile on the rows as they are. The sequence ops
     (conv, the delta rule, attention) read and write the batch's own rows only."""
+    with pdl.launches(dm.pdl):
+        return _layers(dm, pools, tokens, inputs, page_table, by_slot)
+
+
+def _layers(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.Tensor, page_table: torch.Tensor,
+            by_slot: bool) -> torch.Tensor:
     model, n = dm.model, inputs.shape[1]
     x, index = decode_prologue(inputs=inputs, page_table=page_table, page_size=pools.keys.shape[2],
                                align=SNAPSHOT_ALIGN, tokens=tokens, embedding=model.model.embed_tokens.weight,

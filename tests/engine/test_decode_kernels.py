@@ -63,6 +63,18 @@ def test_config_names_the_decode_variants(name, allowed):
         EngineConfig(**{name: "fast"})
 
 
+def test_config_refuses_dependent_launches_off_the_gpu():
+    """decode_pdl launches the triton decode's kernels on a GPU: on the sim, or with the reference decode, the
+    error says what it needs (on a GPU older than Hopper the engine's construction says so: ``ops.pdl``)."""
+    for options in ({}, {"device": "cuda", "decode_kernels": "reference"}):
+        with pytest.raises(ValueError, match="EngineConfig.decode_pdl=True .* needs device='cuda' and "
+                                             "decode_kernels 'triton' or 'auto'"):
+            EngineConfig(decode_pdl=True, **options)
+    from mini_engine.ops import pdl
+
+    assert "CUDA GPU; got device cpu" in pdl.supported("cpu")
+
+
 @pytest.mark.parametrize("name", ["decode_kernels", "prefill_kernels"])
 def test_config_names_the_kernels(monkeypatch, name):
     with pytest.raises(ValueError, match=f"{name}='fast'"):

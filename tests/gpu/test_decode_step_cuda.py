@@ -21,15 +21,23 @@ def setup():
     return spec.build(build_builtin("tiny-random").cuda(), CudaDevice())
 
 
-def test_graph_replays_give_the_eager_steps_bits():
+@pytest.mark.parametrize(("dtype", "gemm", "dependent"), [("float32", "cublas", False), ("float32", "cublas", True),
+                                                         ("bfloat16", "triton", True)])
+def test_graph_replays_give_the_eager_steps_bits(dtype, gemm, dependent):
     """Four steps through ``DecodeGraphs`` (eager, capture, replay, replay) against four eager steps on a copy
-    of the pools (running copies included): the same logits bit for bit at every step, and the same pools after."""
+    of the pools (running copies included): the same logits bit for bit at every step, and the same pools after.
+    With ``dependent`` the graphed steps launch their Triton kernels as programmatic dependent launches
+    (``ops.pdl``; the Triton gemms' too in bfloat16) and the eager ones do not: each kernel waits for the one
+    before it, so the bits are the same."""
     import torch
 
     from mini_engine.engine.storage import KVStorage, StateStorage
     from mini_engine.model.decode import DecodeGraphs, DecodeModel, Pools, decode_step
+    from mini_engine.ops import pdl
 
-    model = build_builtin("tiny-random").cuda()
+    if dependent and pdl.supported("cuda"):
+        pytest.skip(pdl.supported("cuda"))
+    model = build_builtin("tiny-random").cuda().cast_projections(getattr(torch, dtype))
     device, steps = CudaDevice(), 4
     states = StateStorage(model.config, 8, device, running=True)
     kv = KVStorage(model.config, 1024, spec.PAGE, device)
@@ -39,8 +47,8 @@ def test_graph_replays_give_the_eager_steps_bits():
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device="cuda")
     graphed = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
     eager = Pools(*(t.clone() for t in graphed))
-    fused = DecodeModel(model)
-    runner = DecodeGraphs(fused, graphed, states.next_token)
+    fused = DecodeModel(model, gemm=gemm)
+    runner = DecodeGraphs(DecodeModel(model, gemm=gemm, pdl=dependent), graphed, states.next_token)
     slots = list(spec.SLOTS)
     gen = torch.Generator().manual_seed(9)
     for step in range(steps):

@@ -100,6 +100,7 @@ def _exercise() -> None:
     from mini_engine.model.builtin import QWEN35_08B, builtin_config, init_weights
     from mini_engine.model.config import FULL, LINEAR
     from mini_engine.model.decode import DecodeModel, Pools, decode_step
+    from mini_engine.ops import pdl
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.checksum.triton import checksum_lanes, row_digests, state_lanes
@@ -127,6 +128,9 @@ def _exercise() -> None:
             for name in ("cublas", "triton"):
                 decode_step(DecodeModel(model, gemm=name), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
             decode_step(DecodeModel(model, gdn="fused"), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
+            for gdn in ("split", "fused"):  # every kernel of the step as a dependent launch (recorded, not run)
+                decode_step(DecodeModel(model, gemm="triton", gdn=gdn, pdl=True), pools, torch.tensor([3, 4]), [1, 2],
+                            [5, 63], table)
         if dtype == torch.bfloat16:
             weight = model.model.layers[0].mlp.down_proj.weight
             x = torch.zeros(64, weight.shape[1], dtype=dtype)
@@ -135,6 +139,8 @@ def _exercise() -> None:
             # the swapped tile as a programmatic dependent launch (decode_gemms.py's "pdl"; recorded, not run:
             # the interpreter has no griddepcontrol)
             gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True))
+            with pdl.launches(True):  # a split summed by a second launch, in a dependent decode step
+                gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 128, split_k=2))
             for tma in (False, True):  # a split whose parts the tile's last program adds (fused_sum)
                 gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 128, split_k=4, swap=True, tma=tma,
                                                                       fused_sum=True))
@@ -181,12 +187,15 @@ def compile_all(path: str) -> None:
     for entry in json.load(open(path)):
         kernel = getattr(importlib.import_module(entry["module"]), entry["kernel"])
         signature = {name: tuples(kind) for name, kind in entry["signature"].items()}
-        what = {"module": entry["module"], "kernel": entry["kernel"], "constexprs": entry["constexprs"]}
+        what = {"module": entry["module"], "kernel": entry["kernel"], "constexprs": entry["constexprs"],
+                "options": entry["options"]}
         try:
             compiled = triton.compile(ASTSource(fn=kernel, signature=signature,
                                                 constexprs=entry["constexprs"]),
                                       target=GPUTarget(*TARGET), options=entry["options"])
-            results.append({**what, "shared": compiled.metadata.shared, **_registers(compiled.asm["ptx"])})
+            results.append({**what, "shared": compiled.metadata.shared, **_registers(compiled.asm["ptx"]),
+                            # a dependent launch's wait for the kernel before it (``ops.pdl.begin``)
+                            "waits": "griddepcontrol.wait" in compiled.asm["ptx"]})
         except Exception as error:  # the compiler's own message is the finding
             results.append({**what, "error": f"{type(error).__name__}: {error}"[:2000]})
     json.dump(results, sys.stdout)

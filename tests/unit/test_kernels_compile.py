@@ -14,15 +14,17 @@ import mini_engine.ops
 from tests.unit.kernel_launches import SHARED_LIMIT, run_step
 
 
-def _kernels_defined() -> set[tuple[str, str]]:
-    """(module, name) of every ``@triton.jit`` function named ``_*_kernel`` in the ops: the launchable ones."""
+def _kernels_defined(*, with_parameter: str | None = None) -> set[tuple[str, str]]:
+    """(module, name) of every ``@triton.jit`` function named ``_*_kernel`` in the ops: the launchable ones; with
+    ``with_parameter``, those that take it."""
     found = set()
     ops = Path(mini_engine.ops.__file__).parent
     for path in ops.rglob("*.py"):
         module = "mini_engine." + ".".join(path.relative_to(ops.parent).with_suffix("").parts)
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel") and any(
-                    "jit" in ast.unparse(deco) for deco in node.decorator_list):
+                    "jit" in ast.unparse(deco) for deco in node.decorator_list) and (
+                    with_parameter is None or with_parameter in {a.arg for a in node.args.args}):
                 found.add((module, node.name))
     return found
 
@@ -39,3 +41,10 @@ def test_every_kernel_compiles_for_the_h200(tmp_path):
     assert not failed, "\n".join(failed)
     over = [(r["kernel"], r["constexprs"], r["shared"]) for r in results if r["shared"] > SHARED_LIMIT]
     assert not over, f"asks more than the H200's {SHARED_LIMIT} bytes of shared memory per block: {over}"
+    # programmatic dependent launches (ops.pdl): a kernel launched so may start before the one before it ends, so it
+    # must wait for it first; every kernel that can be launched so was, and waits
+    dependent = [r for r in results if r["options"].get("launch_pdl")]
+    assert all(r["constexprs"].get("PDL") for r in dependent), "a dependent launch of a kernel told not to wait"
+    assert all(r["waits"] == bool(r["constexprs"].get("PDL")) for r in results), \
+        [(r["kernel"], r["constexprs"].get("PDL")) for r in results if r["waits"] != bool(r["constexprs"].get("PDL"))]
+    assert {(r["module"], r["kernel"]) for r in dependent} == _kernels_defined(with_parameter="PDL")

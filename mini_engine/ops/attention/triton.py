@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from mini_engine.device import upload
+from mini_engine.ops import pdl
 from mini_engine.ops.decode_rows.triton import _sigmoid  # sigmoid_mul's: the gated output keeps its bits
 from mini_engine.ops.precision import dot_precision
 
@@ -114,12 +115,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
                    head_dim, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                    stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_gb,
                    stride_gh, KEYS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, PAGE: tl.constexpr,
-                   GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+                   GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """One query head of one sequence over one split of its keys, in tiles of BLOCK_K keys.
 
     A single query row is a matrix-vector product: the scores are a row-wise sum of ``k * q`` and the
     output a column-wise sum of ``p * v`` on the CUDA cores (a tensor-core dot would pad the one row
     to 16 and, in fp32, spill its tiles). GATED: the grid also spans the padding rows past the batch."""
+    pdl.begin(PDL)
     seq, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if seq >= batch:  # a padding row (GATED): zeros, written here or by the merge
         if not SPLIT:
@@ -179,9 +182,10 @@ def _store_output(out_ptr, row, head, out, gate_ptr, stride_ob, stride_oh, strid
 def _merge_splits_kernel(part_ptr, lse_ptr, lens_ptr, out_ptr, gate_ptr, batch, grid_splits, head_dim,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_gb,
                          stride_gh, KEYS_PER_SPLIT: tl.constexpr, GATED: tl.constexpr, BLOCK_S: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """out = sum_s exp(lse_s - max) * part_s / sum_s exp(lse_s - max) over the splits the sequence's keys fill (the
     rest of the grid's splits wrote nothing): a short sequence costs a pass or two whatever the table's capacity."""
+    pdl.begin(PDL)
     seq, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if seq >= batch:  # a padding row (GATED)
         _store_output(out_ptr, seq, head, tl.zeros([BLOCK_D], dtype=tl.float32), gate_ptr, stride_ob, stride_oh,
@@ -357,10 +361,10 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         *out_strides, *part_strides, *gate_args[1:],
         KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, GATED=gated, BLOCK_K=DECODE_BLOCK_K,
-        BLOCK_D=block_d, num_warps=4, num_stages=2)
+        BLOCK_D=block_d, num_warps=4, num_stages=2, **pdl.options())
     if split:
         _merge_splits_kernel[(grid_rows, hq)](
             part, lse, lens, out, gate_args[0], batch, n_splits, head_dim, *part_strides, *out_strides,
             *gate_args[1:], KEYS_PER_SPLIT=span, GATED=gated,
-            BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d)
+            BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d, **pdl.options())
     return out

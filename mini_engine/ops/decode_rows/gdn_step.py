@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.ops import pdl
 from mini_engine.ops.decode_rows.triton import (
     _SOFTPLUS_THRESHOLD,
     _conv_window,
@@ -67,7 +68,8 @@ def _gdn_step_kernel(x, x_stride, w, w_stride, conv_pool, conv_slot_stride, conv
                      rec_slot_stride, run, run_rows, run_rows_stride, rows, z, z_stride, norm_weight, eps, out,
                      out_stride, batch, out_rows, scale, HV, KEY_DIM, VALUE_DIM, WIDTH, threshold,
                      CONV_W: tl.constexpr, BLOCK_W: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                     RATIO: tl.constexpr, HAS_RUN: tl.constexpr):
+                     RATIO: tl.constexpr, HAS_RUN: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.begin(PDL)
     r, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
     vv = tl.arange(0, DV)
     x_row = x + r * x_stride
@@ -141,5 +143,5 @@ def gdn_step(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torch.Ten
         run_pool if has_run else rec_pool, run_rows if has_run else rows, run_rows.stride(0) if has_run else 0,
         rows, z, z.stride(0), norm_weight, eps, out, out.stride(0), batch, out_rows, dk**-0.5, hv, hk * dk,
         hv * dv, scratch.shape[1], _SOFTPLUS_THRESHOLD, CONV_W=window, BLOCK_W=triton.next_power_of_2(window - 1),
-        DK=dk, DV=dv, RATIO=hv // hk, HAS_RUN=has_run, num_warps=num_warps)
+        DK=dk, DV=dv, RATIO=hv // hk, HAS_RUN=has_run, num_warps=num_warps, **pdl.options())
     return out

@@ -29,11 +29,7 @@ import triton
 import triton.language as tl
 
 from mini_engine.ops import invariant as inv
-
-try:  # programmatic dependent launch (sm_90 on): in triton.language.extra.cuda from triton 3.4
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - an older triton: pdl configurations are refused
-    gdc_launch_dependents = gdc_wait = None
+from mini_engine.ops import pdl
 
 __all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2"]
 
@@ -64,9 +60,11 @@ def _program_tile(N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_live"])  # one compile for every batch size
 def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """Rows tile_m, columns tile_n, K part ``part`` (of K_PART columns); with SPLIT > 1 ``out`` is the float32
     partial-sum buffer [SPLIT, P, N] and ``_sum_parts_kernel`` adds the parts."""
+    pdl.begin(PDL)
     tile_m, _, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
@@ -86,7 +84,7 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
 @triton.jit(do_not_specialize=["n_live"])
 def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final, counters,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                    PDL: tl.constexpr, SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr):
+                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PDL: tl.constexpr = False):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
     is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
@@ -99,9 +97,7 @@ def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride
     each program stores its part, then counts itself in on the tile's counter (``counters``, zero at rest); the
     program that counts last adds the SPLIT parts in order 0, 1, ... (``_sum_parts_kernel``'s order, so the same
     bits) into ``final`` and sets the counter back to zero for the next launch."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl.begin(PDL)
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
@@ -135,8 +131,10 @@ def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride
 
 
 @triton.jit
-def _sum_parts_kernel(parts, out, N, part_stride, out_stride, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_parts_kernel(parts, out, N, part_stride, out_stride, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr = False):
     """Row r of ``out``: the SPLIT partial sums of the row added in order 0, 1, ..., then cast."""
+    pdl.begin(PDL)
     row, tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tile * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -163,8 +161,8 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     swapped = [(1, block_ks[0])]
     if n_out <= 2048:
         swapped += [(4, k) for k in (128, 64) if n_in % (4 * k) == 0][:1]
-    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=pdl) for split, k in swapped
-            for tma, pdl in ((False, False), (True, False), (True, True))]
+    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=dependent) for split, k in swapped
+            for tma, dependent in ((False, False), (True, False), (True, True))]
     return out
 
 
@@ -190,7 +188,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     if config.fused_sum and not (config.swap and config.split_k > 1):
         raise ValueError(f"fused_sum=True adds the swapped kernel's K parts in its own launch: it needs swap=True and "
                          f"split_k > 1; got {config}")
-    if config.pdl and not (config.swap and gdc_wait is not None):
+    if config.pdl and not (config.swap and pdl.available()):
         raise ValueError(f"pdl=True is the swapped kernel's programmatic dependent launch: it needs swap=True and a "
                          f"triton with triton.language.extra.cuda.gdc_wait (3.4 on); got {config}, triton "
                          f"{triton.__version__}")
@@ -210,16 +208,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
             w = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
         else:
             w = weight
-        pdl = {"launch_pdl": True} if config.pdl else {}  # (only when asked: the option is part of a compile's key)
+        # a dependent launch by its configuration or inside the decode step's ``pdl.launches(True)``
+        dependent = {"PDL": True, "launch_pdl": True} if config.pdl else pdl.options()
         counters = _counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
-        _swapped_kernel[grid](x, w, parts, rows, *shared, out, counters, TMA=config.tma, PDL=config.pdl, SPLIT=split,
-                              FUSED_SUM=config.fused_sum, **blocks, **pdl)
+        _swapped_kernel[grid](x, w, parts, rows, *shared, out, counters, TMA=config.tma, SPLIT=split,
+                              FUSED_SUM=config.fused_sum, **blocks, **dependent)
     else:
-        _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks)
+        _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks, **pdl.options())
     if split > 1 and not config.fused_sum:
         block = min(1024, triton.next_power_of_2(n_out))
         _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
-                                                             SPLIT=split, BLOCK=block)
+                                                             SPLIT=split, BLOCK=block, **pdl.options())
     return out
 
 

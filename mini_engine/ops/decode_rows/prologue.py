@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.ops import pdl
+
 __all__ = ["INDEX_FIELDS", "decode_prologue"]
 
 # the rows of the index tensor, in order (``model.decode._Step``'s fields)
@@ -24,8 +26,9 @@ INDEX_FIELDS = ("slots", "positions", "rows", "pending_slots", "pending_rows", "
 @triton.jit(do_not_specialize=["batch", "inputs_stride"])
 def _prologue_kernel(inputs, inputs_stride, batch, table, table_stride, tokens, embed, embed_stride, x, x_stride,
                      index, hidden, PAGE: tl.constexpr, ALIGN: tl.constexpr, BY_SLOT: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row, column block): row r's embedding columns (zeros past the batch); block 0 also row r's indices."""
+    pdl.begin(PDL)
     r, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     ok = cols < hidden
@@ -75,5 +78,5 @@ def decode_prologue(*, inputs: torch.Tensor, page_table: torch.Tensor, page_size
     if rows:
         _prologue_kernel[(rows, triton.cdiv(hidden, block))](
             inputs, inputs.stride(0), batch, page_table, page_table.stride(0), tokens, embedding, embedding.stride(0),
-            x, x.stride(0), index, hidden, PAGE=page_size, ALIGN=align, BY_SLOT=by_slot, BLOCK=block)
+            x, x.stride(0), index, hidden, PAGE=page_size, ALIGN=align, BY_SLOT=by_slot, BLOCK=block, **pdl.options())
     return x, index

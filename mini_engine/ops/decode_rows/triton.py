@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_engine.ops import pdl
 from mini_engine.ops.causal_conv1d.triton import _activate, _tap, _window
 
 __all__ = ["add_rms_norm", "conv_gdn_rows", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
@@ -28,8 +29,9 @@ def _sigmoid(x):
 
 @triton.jit(do_not_specialize=["live"])  # one compile for every batch size
 def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, out_stride, eps, live,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Row ``row``; rows from ``live`` on are padding: their output is zeros, and nothing of theirs is read."""
+    pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -143,9 +145,10 @@ def _conv_window(x_row, w, w_stride, state_row, state_stride, c, WIDTH: tl.const
 def _conv_gdn_rows_kernel(x, x_stride, w, w_stride, pool, slot_stride, state_stride, slots, a, b, ab_stride, A_log,
                           dt_bias, out, pending, pending_slot_stride, pending_slots, pending_rows, HK, HV, KEY_DIM,
                           VALUE_DIM, WIDTH, threshold, CONV_W: tl.constexpr, BLOCK_W: tl.constexpr, DK: tl.constexpr,
-                          DV: tl.constexpr, HAS_PENDING: tl.constexpr):
+                          DV: tl.constexpr, HAS_PENDING: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row, j): the conv of key head j's q and k channels (j < HK) or of value head j - HK's channels, its
     slot's conv state advanced in place, and that head's part of the prepared row (``_gdn_rows_kernel``'s)."""
+    pdl.begin(PDL)
     r, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
     x_row = x + r * x_stride
     state_row = pool + tl.load(slots + r).to(tl.int64) * slot_stride
@@ -174,8 +177,9 @@ def _conv_gdn_rows_kernel(x, x_stride, w, w_stride, pool, slot_stride, state_str
 
 @triton.jit(do_not_specialize=["batch"])  # one compile for every batch size
 def _gated_rms_norm_kernel(core, z, z_stride, weight, out, out_stride, batch, HV, eps,
-                           DV: tl.constexpr, BLOCK: tl.constexpr):
+                           DV: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row, value head); a padding row (past the batch) loads zeros and so stores zeros."""
+    pdl.begin(PDL)
     r, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     ok = cols < DV
@@ -204,9 +208,10 @@ def _page_offsets(kv_rows, r, h, d, page_stride, HKV, D: tl.constexpr, PAGE: tl.
 @triton.jit(do_not_specialize_on_alignment=["positions"])  # an index row at an offset of the batch
 def _qk_norm_rope_kernel(qkv, qkv_stride, positions, q_weight, k_weight, inv_freq, q_out, k_out, v_out, HQ, HKV,
                          eps, k_cache, v_cache, kv_rows, page_stride, D: tl.constexpr, ROTARY: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PAGE: tl.constexpr, TO_PAGES: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PAGE: tl.constexpr, TO_PAGES: tl.constexpr, PDL: tl.constexpr = False):
     """Program (row, j): j < HQ is query head j, else kv head j - HQ (its key normed and rotated, its value copied;
     with TO_PAGES both also stored at the row's position ``kv_rows[r]`` of the paged caches, as ``write_kv_pages``)."""
+    pdl.begin(PDL)
     r, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
     ok = d < D
@@ -252,8 +257,9 @@ def _sigmoid_mul_kernel(attn, qkv, qkv_stride, out, out_stride, batch, HQ, D: tl
 
 
 @triton.jit(do_not_specialize=["live"])  # one compile for every batch size
-def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, live, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, live, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Row r's column block; rows from ``live`` on are padding: zeros, nothing read."""
+    pdl.begin(PDL)
     r, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -288,7 +294,7 @@ def add_rms_norm(*, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.T
         _add_rms_norm_kernel[(rows,)](x, x if delta is None else delta, weight, out, cols, x.stride(0),
                                       0 if delta is None else delta.stride(0), out.stride(0), eps,
                                       rows if live is None else live, HAS_DELTA=delta is not None,
-                                      BLOCK=triton.next_power_of_2(cols))
+                                      BLOCK=triton.next_power_of_2(cols), **pdl.options())
     return out
 
 
@@ -362,7 +368,7 @@ def conv_gdn_rows(*, x: torch.Tensor, conv_weight: torch.Tensor, conv_pool: torc
             x, x.stride(0), conv_weight, conv_weight.stride(0), conv_pool, conv_pool.stride(0), conv_pool.stride(1),
             slots, a, b, a.stride(0), A_log, dt_bias, out, *pending, hk, hv, key_dim, value_dim, out.shape[1],
             _SOFTPLUS_THRESHOLD, CONV_W=window, BLOCK_W=triton.next_power_of_2(window - 1), DK=dk, DV=dv,
-            HAS_PENDING=has_pending)
+            HAS_PENDING=has_pending, **pdl.options())
     return out
 
 
@@ -373,7 +379,7 @@ def gated_rms_norm(*, core: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     out = z.new_empty(rows, hv * dv, dtype=out_dtype)
     if rows:
         _gated_rms_norm_kernel[(rows, hv)](core.contiguous(), z, z.stride(0), weight, out, out.stride(0), batch, hv,
-                                           eps, DV=dv, BLOCK=triton.next_power_of_2(dv))
+                                           eps, DV=dv, BLOCK=triton.next_power_of_2(dv), **pdl.options())
     return out
 
 
@@ -405,7 +411,7 @@ def qk_norm_rope(*, qkv: torch.Tensor, batch: int, positions: torch.Tensor, q_we
         _qk_norm_rope_kernel[(batch, hq + hkv)](qkv, qkv.stride(0), positions, q_weight, k_weight, inv_freq, q, k, v,
                                                 hq, hkv, eps, *caches[:4], D=head_dim, ROTARY=rotary,
                                                 BLOCK_D=triton.next_power_of_2(head_dim), PAGE=caches[4],
-                                                TO_PAGES=to_pages)
+                                                TO_PAGES=to_pages, **pdl.options())
     return q, k, v
 
 
@@ -430,5 +436,6 @@ def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype, live: int | None 
     block = min(1024, triton.next_power_of_2(n_cols))
     if rows:
         _silu_mul_kernel[(rows, triton.cdiv(n_cols, block))](gate_up, gate_up.stride(0), out, out.stride(0), n_cols,
-                                                              rows if live is None else live, BLOCK=block)
+                                                              rows if live is None else live, BLOCK=block,
+                                                              **pdl.options())
     return out

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from mini_engine.device import upload
+from mini_engine.ops import pdl
 from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, check_running, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK
 
@@ -110,7 +111,9 @@ def _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN: tl.constexpr)
 @triton.jit(do_not_specialize_on_alignment=["run_rows"])  # one layer's rows at an offset of the layer
 def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, run, run_rows,
                            run_rows_stride, slots, rows, out, scale, HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
-                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_RUN: tl.constexpr):
+                           K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_RUN: tl.constexpr,
+                           PDL: tl.constexpr = False):
+    pdl.begin(PDL)
     vt, b, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     cols = vt * BV + tl.arange(0, BV)
     slot = tl.load(slots + b).to(tl.int64)
@@ -215,5 +218,5 @@ def pending_replay_decode_triton(
             run_pool if has_run else rec_pool, run_rows if has_run else rows, run_rows.stride(0) if has_run else 0,
             slots, rows, out, scale,
             hk, hv, hk * k_dim, hv * v_dim, width, K=k_dim, V=v_dim, BV=config.block_v, HAS_RUN=has_run,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+            num_warps=config.num_warps, num_stages=config.num_stages, **pdl.options())
     return out
