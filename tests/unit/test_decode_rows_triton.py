@@ -167,7 +167,10 @@ def test_every_gemm_configuration_computes_the_product():
     assert {(c.tma, c.split_k) for c in candidates if c.swap} == {(False, 1), (True, 1), (False, 4), (True, 4)}
     alone = torch.zeros(16, 256, dtype=torch.float16)
     alone[0] = x[1]
-    for config in candidates:
+    # a programmatic dependent launch is its plain twin's kernel after a wait the interpreter has not got (the GPU
+    # runs it: tests/gpu/test_decode_step_cuda.py; kernel_launches compiles it)
+    assert {c._replace(pdl=False) for c in candidates if c.pdl} == {c for c in candidates if c.tma and not c.pdl}
+    for config in dict.fromkeys(c._replace(pdl=False) for c in candidates):
         got = gemm.linear(x, weight, rows=2, config=config)
         _close(got[:2], want)
         assert not got[2:].any(), config
@@ -178,7 +181,6 @@ def test_every_gemm_configuration_computes_the_product():
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, tma=True))
     with pytest.raises(ValueError, match="pdl=True .* needs swap=True"):
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, pdl=True))
-    assert not any(c.pdl for c in candidates), "a programmatic dependent launch is not an engine candidate (yet)"
 
 
 def test_a_fused_sum_gives_the_two_launch_splits_bits():

@@ -8,10 +8,12 @@ columns over all of K, or over a fixed part of K (``split_k``: the parts' float3
 order by a second launch); tiles wholly past the batch write their zeros and read no weight. With ``swap``
 the same tile is computed as weight @ x.T: the weight's ``block_n`` rows are the tensor-core tile's long
 side (Hopper's warpgroup products take 64 rows there) and the 16 input rows its short one, the weight
-loaded by address or (``tma``) by a tensor descriptor, as decode kernels for small batches do. Two launch
-variants of the swapped tile wait for a GPU's timing before the engine offers them: a split whose parts the
-tile's last program adds in the same launch (``fused_sum``), and programmatic dependent launches (``pdl``).
-In a CUDA graph each kernel costs about 3 us of its own on an H100, whatever it streams (session 12).
+loaded by address or (``tma``) by a tensor descriptor, as decode kernels for small batches do. In a CUDA
+graph each kernel costs about 3 us of its own on an H100, whatever it streams (session 12); the TMA tile as a
+programmatic dependent launch (``pdl``: ``ops.pdl``) overlaps that with the kernel before it (the step's 97
+gemms in one graph 652 us against 709, H100, session 13), and ``DecodeModel(pdl=True)`` launches every Triton
+gemm of the step so. A split whose parts the tile's last program adds in the same launch (``fused_sum``) is
+not offered: it won one shape of six, by address, where the whole-K TMA tile was faster still.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
 Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
@@ -44,7 +46,7 @@ class GemmConfig(NamedTuple):
     split_k: int = 1  # K in this many fixed parts, their float32 partial sums added in a fixed order
     swap: bool = False  # the weight tile as the product's left operand: out.T = weight @ x.T (``_swapped_kernel``)
     tma: bool = False  # with ``swap``: the weight tiles come through a tensor descriptor (Hopper's TMA engine)
-    pdl: bool = False  # with ``swap``: a programmatic dependent launch (``_swapped_kernel``'s PDL)
+    pdl: bool = False  # with ``swap``: always a programmatic dependent launch (``ops.pdl``), in a step or not
     fused_sum: bool = False  # with ``swap`` and split_k > 1: the parts added by the tile's last program, one launch
 
 
@@ -148,8 +150,9 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     """Candidate configurations for a weight [n_out, n_in] (the first is the default): column blocks of 16,
     32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
     2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
-    swapped tile on 64 weight rows, by address and by descriptor, over all of K and (narrow outputs) in 4 parts.
-    (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on an H100: session 12.)"""
+    swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch), over all of K and
+    (narrow outputs) in 4 parts. (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on
+    an H100: session 12.)"""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
         raise ValueError(f"linear needs in_features divisible by 16; got {n_in}")
