@@ -36,7 +36,8 @@ class Deferred:
     """A field whose value a device is still computing.
 
     ``ready()``: whether it has landed (non-blocking). ``wait()``: block until it has.
-    ``resolve_all(values)``: the values, read back together (one copy for a batch of them).
+    ``resolve_all(values)``: the values, read back together (one copy for a batch of them); a subclass that keeps
+    it is resolved in the same call (its values may be of either class).
     ``landing()``: what it waits on; values with the same landing land together, so one ``ready()`` or
     ``wait()`` answers for all of them (default: the value alone).
     """
@@ -60,7 +61,9 @@ class Instrumentation:
         self.sink = sink
         self.step = 0
         self._seq = 0
-        self._queue: list[dict[str, Any]] = []  # rows waiting for their own or an earlier row's device values
+        # rows waiting for their own or an earlier row's device values, each with the keys of its own (none: only
+        # behind another)
+        self._queue: list[tuple[dict[str, Any], tuple[str, ...]]] = []
         self._timer = _HostTimer()  # host time inside emit, flush and timing() (nested uses counted once)
 
     @property
@@ -88,8 +91,9 @@ class Instrumentation:
         with self.timing():
             self._seq += 1
             row = {"type": type_, "step": self.step, "seq": self._seq, **fields}
-            if self._queue or any(isinstance(v, Deferred) for v in fields.values()):
-                self._queue.append(row)  # behind a row that waits: the sink sees rows in seq order
+            deferred = tuple(k for k, v in fields.items() if isinstance(v, Deferred))
+            if self._queue or deferred:
+                self._queue.append((row, deferred))  # behind a row that waits: the sink sees rows in seq order
             else:
                 self.sink(row)
 
@@ -99,7 +103,7 @@ class Instrumentation:
         if not self._queue:
             return
         if wait:  # (the device's time, not the instrumentation's: not counted in host_seconds)
-            landings = {v.landing(): v for row in self._queue for v in row.values() if isinstance(v, Deferred)}
+            landings = {row[k].landing(): row[k] for row, keys in self._queue for k in keys}
             for v in landings.values():
                 v.wait()
         with self.timing():
@@ -115,20 +119,22 @@ class Instrumentation:
             return landed[key]
 
         ready_rows = 0
-        for row in self._queue:
-            if not all(ready(v) for v in row.values() if isinstance(v, Deferred)):
+        for row, keys in self._queue:
+            if not all(ready(row[k]) for k in keys):
                 break
             ready_rows += 1
         rows, self._queue = self._queue[:ready_rows], self._queue[ready_rows:]
-        by_kind: dict[type, list[tuple[dict[str, Any], str]]] = {}
-        for row in rows:
-            for key, value in row.items():
-                if isinstance(value, Deferred):
-                    by_kind.setdefault(type(value), []).append((row, key))
-        for kind, places in by_kind.items():
+        # read back together: the values of every kind that shares a ``resolve_all`` (a subclass that only
+        # ``finish``es differently), one call for them all
+        by_kind: dict[Any, list[tuple[dict[str, Any], str]]] = {}
+        for row, keys in rows:
+            for key in keys:
+                by_kind.setdefault(type(row[key]).resolve_all.__func__, []).append((row, key))
+        for places in by_kind.values():
+            kind = type(places[0][0][places[0][1]])
             for (row, key), value in zip(places, kind.resolve_all([row[key] for row, key in places])):
                 row[key] = value
-        for row in rows:
+        for row, _ in rows:
             self.sink(row)
 
 

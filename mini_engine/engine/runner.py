@@ -227,7 +227,7 @@ class ModelRunner:
         lanes = rows_lanes(table, upload(torch.tensor(lengths, dtype=torch.int32), table.device))
         done = DeviceDigest.event_now()
         return [None if it.tokens is not None else  # match: the read row's digest is the staged pages' one
-                (DeviceDigest(lanes[r], done), DigestEquals(lanes[r], self._staged_digest(it.pages), done))
+                (DeviceDigest(lanes, done, r), DigestEquals(lanes, self._staged_digest(it.pages), done, r))
                 for r, it in enumerate(items)]
 
     def _staged_digest(self, pages: tuple[int, ...]) -> int:

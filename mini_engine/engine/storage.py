@@ -96,7 +96,7 @@ class StateStorage:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
         lanes = self.lanes(slots, lengths)
         done = DeviceDigest.event_now()
-        return [DeviceDigest(lanes[i], done) for i in range(len(slots))]
+        return [DeviceDigest(lanes, done, i) for i in range(len(slots))]
 
     def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
         """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes, on the pools' device: one

@@ -128,9 +128,37 @@ def test_device_digests_resolve_to_the_reference_digests():
     lengths = [5, 2, 0]
     lanes = rows_lanes(table, torch.tensor(lengths, dtype=torch.int32))
     want = [slot_checksum(row[:n]) for row, n in zip(table, lengths)]
-    digests = [DeviceDigest(lanes[r], Done()) for r in range(3)]
+    digests = [DeviceDigest(lanes, Done(), r) for r in range(3)]  # rows of one batch's lanes
     assert all(d.ready() for d in digests) and DeviceDigest.resolve_all(digests) == want
-    equals = [DigestEquals(lanes[0], want[0], Done()), DigestEquals(lanes[1], want[0], Done())]
+    equals = [DigestEquals(lanes, want[0], Done(), 0), DigestEquals(lanes[1], want[0], Done())]
     assert DigestEquals.resolve_all(equals) == [True, False]
+    # both kinds, a batch's rows and a lone digest's lanes, in one call (as a flush reads them back)
+    mixed = [digests[2], equals[0], DeviceDigest(lanes[1], Done()), equals[1], digests[0]]
+    assert DeviceDigest.resolve_all(mixed) == [want[2], True, want[1], False, want[0]]
     whole = DeviceDigest.resolve_all([DeviceDigest(lanes, Done()) for lanes in rows_lanes(table)])
     assert whole == [slot_checksum(row) for row in table]
+
+
+def test_kinds_that_share_a_read_back_are_read_back_in_one_call(rows):
+    """A subclass that keeps its parent's ``resolve_all`` (``DigestEquals`` of ``DeviceDigest``) is read back in the
+    same call as the parent's values, one copy a flush; a kind with its own ``resolve_all`` gets its own call."""
+    calls = []
+
+    class Counted(Shared):
+        @classmethod
+        def resolve_all(cls, values):
+            calls.append(sorted(type(v).__name__ for v in values))
+            return [v.value for v in values]
+
+    class Flag(Counted):
+        pass
+
+    events = Instrumentation(rows.append)
+    done = Event()
+    done.done = True
+    events.emit("slot_write", checksum=Counted(1, done), match=Flag(2, done))
+    events.emit("decode_metadata", read_checksum=Flag(3, done), other=Shared(4, done))
+    events.flush()
+    assert calls == [["Counted", "Flag", "Flag"]]
+    assert [(r.get("checksum"), r.get("match"), r.get("read_checksum"), r.get("other")) for r in rows] == [
+        (1, 2, None, None), (None, None, 3, 4)]

@@ -18,10 +18,13 @@ __all__ = ["DeviceDigest", "DigestEquals", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
-    """A 64-bit digest whose lane sums ``lanes`` [2] int64 the current stream is computing."""
+    """A 64-bit digest whose lane sums the current stream is computing: ``lanes`` [2] int64, or row ``row`` of a
+    batch's ``lanes`` [n, 2] (the batch's digests keep one tensor, not a view each: a step makes dozens)."""
 
-    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event | None = None) -> None:
-        self.lanes = lanes
+    __slots__ = ("event", "lanes", "row")
+
+    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event | None = None, row: int | None = None) -> None:
+        self.lanes, self.row = lanes, row
         self.event = event or self.event_now()  # digests computed together share one event
 
     @staticmethod
@@ -45,17 +48,27 @@ class DeviceDigest(Deferred):
 
     @classmethod
     def resolve_all(cls, values: list[DeviceDigest]) -> list:
+        """The values, their lane tensors read back in one copy (each tensor once, however many rows it holds)."""
         from mini_engine.ops.checksum.triton import digests
 
-        lanes = torch.stack([v.lanes for v in values])  # one copy back for the batch
-        return [v.finish(d) for v, d in zip(values, digests(lanes))]
+        batches: dict[int, tuple[torch.Tensor, int]] = {}  # id(lanes) -> (lanes as [n, 2], its first row below)
+        first = 0
+        for v in values:
+            if id(v.lanes) not in batches:
+                batches[id(v.lanes)] = (v.lanes.view(-1, 2), first)
+                first += batches[id(v.lanes)][0].shape[0]
+        read = digests(torch.cat([lanes for lanes, _ in batches.values()]))  # one copy back for the batch
+        return [v.finish(read[batches[id(v.lanes)][1] + (v.row or 0)]) for v in values]
 
 
 class DigestEquals(DeviceDigest):
     """Whether the device digest equals ``expected`` (a host digest), once it has landed."""
 
-    def __init__(self, lanes: torch.Tensor, expected: int, event: torch.cuda.Event | None = None) -> None:
-        super().__init__(lanes, event)
+    __slots__ = ("expected",)
+
+    def __init__(self, lanes: torch.Tensor, expected: int, event: torch.cuda.Event | None = None,
+                 row: int | None = None) -> None:
+        super().__init__(lanes, event, row)
         self.expected = expected
 
     def finish(self, value: int) -> bool:
