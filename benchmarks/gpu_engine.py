@@ -96,7 +96,9 @@ def engine_decode(model: HybridModel, batch: int, prompt: int, new: int, variant
     pages = batch * (-(-(prompt + new) // 16)) + 64
     config = EngineConfig(device="cuda", overlap=True, max_running=batch, num_slots=3 * batch + 8, num_pages=pages,
                           max_context=prompt + new + 64, threads=None, **VARIANTS[variant])
-    engine = Engine(config, model=model)
+    constructing = time.perf_counter()
+    engine = Engine(config, model=model)  # (``decode_gemm="auto"`` times its candidates here, once a process)
+    start_seconds = time.perf_counter() - constructing
     ids = [engine.submit(p, SamplingParams(max_tokens=new)) for p in prompts(batch, prompt)]
     while min(engine.poll(r)[0] for r in ids) < WARM_TOKENS:
         engine.step()
@@ -108,20 +110,21 @@ def engine_decode(model: HybridModel, batch: int, prompt: int, new: int, variant
     assert all(len(engine.result(r).output_ids) == new for r in ids)
     tokens = batch * new - streamed
     return {"seconds": elapsed, "tokens": tokens, "steps": engine.steps - steps, "tokens_per_s": tokens / elapsed,
-            "steps_per_s": (engine.steps - steps) / elapsed}
+            "steps_per_s": (engine.steps - steps) / elapsed, "start_seconds": start_seconds}
 
 
 WARM_TOKENS = 4
 
 
 def engine_rate(model: HybridModel, batch: int, args, variant: str) -> dict:
-    """The median of ``--repeats`` timed runs of ``--long`` new tokens, after one warm-up run."""
-    engine_decode(model, batch, args.prompt, args.short, variant)
+    """The median of ``--repeats`` timed runs of ``--long`` new tokens, after one warm-up run (whose engine's
+    construction is ``start_seconds``: the variant's one-time costs in this process, when it is its first)."""
+    warm = engine_decode(model, batch, args.prompt, args.short, variant)
     runs = [engine_decode(model, batch, args.prompt, args.long, variant) for _ in range(args.repeats)]
     rates = sorted(r["tokens_per_s"] for r in runs)
     median = rates[len(rates) // 2]
     return {"batch": batch, "tokens_per_s": median, "steps_per_s": median / batch,
-            "spread": rates[-1] / rates[0] - 1, "runs": runs}
+            "spread": rates[-1] / rates[0] - 1, "start_seconds": warm["start_seconds"], "runs": runs}
 
 
 def hf_seconds(hf, batch: int, prompt: int, new: int) -> float:
@@ -215,11 +218,13 @@ def main() -> None:
     print(f"{device}; {config.name}, vocabulary {config.vocab_size}; prompt {args.prompt}, decode {args.short}->"
           f"{args.long} tokens; roofline: the "
           f"weights' bytes at {args.bandwidth / 1e12:.2f} TB/s")
-    print(f"{'engine':<38}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'weights GB':>11}{'of roofline':>12}{'spread':>8}")
+    print(f"{'engine':<38}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'weights GB':>11}{'of roofline':>12}{'spread':>8}"
+          f"{'start s':>9}")
     for r in rows:
         spread = f"{r['spread']:.1%}" if "spread" in r else "-"
         print(f"{r['engine']:<38}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{r['steps_per_s']:>9.1f}"
-              f"{r['weight_bytes'] / 1e9:>11.2f}{r['steps_per_s'] / r['roofline_steps_per_s']:>12.1%}{spread:>8}")
+              f"{r['weight_bytes'] / 1e9:>11.2f}{r['steps_per_s'] / r['roofline_steps_per_s']:>12.1%}{spread:>8}"
+              f"{r['start_seconds'] if 'start_seconds' in r else float('nan'):>9.2f}")
     for ours in (r for r in rows if r["engine"].startswith("mini")):
         for theirs in (r for r in rows if r["batch"] == ours["batch"] and r["engine"].startswith("transformers")):
             print(f"batch {ours['batch']}: {ours['engine']} / {theirs['engine']} = "
