@@ -7,7 +7,7 @@ kernels and the compiler's cannot share one):
 - ``record FILE`` (TRITON_INTERPRET=1): runs the paths on a two-layer model of the 0.8B shape (its head
   sizes decide the kernels' block sizes), in float32 and with bfloat16 projections: the Triton forward,
   decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration, the GDN layer
-  in three launches and in one), the
+  in three launches and in one; every kernel of a step as a programmatic dependent launch), the
   gated delta rule's walk in every configuration a GPU may pick (float32 and bf16 inputs), the conv,
   KV, checksum (slots and the logits check) and slot-copy kernels. Launches are recorded,
   not run (their outputs are never read), and written with their argument types, constexpr values and
