@@ -27,7 +27,8 @@ default engine), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineCo
 ``EngineConfig.decode_pdl``; a Hopper GPU),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
-tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes).
+tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes), and with
+``--trace`` each run's timeline (``FILE.VARIANT.trace.json``, Chrome's trace format: the gaps between kernels).
 
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
 [--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--vocab N] [--profile FILE] [--out FILE]``.
@@ -159,6 +160,8 @@ def profile(model: HybridModel, args) -> None:
             engine_decode(model, batch, args.prompt, args.short, variant)  # warm
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 seconds = engine_decode(model, batch, args.prompt, args.long, variant)["seconds"]
+            if args.trace:  # the run's timeline (Chrome trace format): each kernel's start and end, the gaps between
+                prof.export_chrome_trace(f"{args.profile}.{variant}.trace.json")
             averages = prof.key_averages()
             f.write(f"== {variant}, batch {batch}, prompt {args.prompt}, {args.long} new tokens: {seconds:.3f} s "
                     f"(under the profiler)\n")
@@ -175,6 +178,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed engine runs per row (median, spread)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--hf-dtype", nargs="*", default=["float32", "bfloat16"])
+    parser.add_argument("--trace", action="store_true", help="with --profile, also write each profiled run's "
+                                                             "timeline to PROFILE.VARIANT.trace.json")
     parser.add_argument("--profile", default=None,
                         help="write torch.profiler tables of a run at the largest batch here")
     parser.add_argument("--profile-batch", type=int, default=None, help="the batch profiled (default: the largest)")

@@ -13,7 +13,7 @@ through the page table, so prefill and decode see the same rows:
   (a cached prefix of ``seq_lens[b] - n_q`` keys, then its own); causal; GQA (query head ``h``
   reads kv head ``h // (Hq // Hkv)``).
 - ``paged_decode_attention``: one query per sequence at position ``seq_lens[b] - 1``, one program
-  per query head, its scores and output as matrix-vector sums over key tiles of ``DECODE_BLOCK_K``;
+  per query head, its scores and output as matrix-vector sums over key tiles of ``DECODE_TILE.block_k``;
   split over the keys (flash decoding) in chunks of ``keys_per_split`` positions, merged by
   log-sum-exp in a second launch.
 
@@ -24,6 +24,8 @@ reference's order of operations). A split's boundaries are absolute positions (m
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -33,11 +35,21 @@ from mini_engine.ops import pdl
 from mini_engine.ops.decode_rows.triton import _sigmoid  # sigmoid_mul's: the gated output keeps its bits
 from mini_engine.ops.precision import dot_precision
 
-__all__ = ["paged_decode_attention", "paged_prefill_attention", "write_kv_pages"]
+__all__ = ["DECODE_TILE", "DecodeTile", "paged_decode_attention", "paged_prefill_attention", "write_kv_pages"]
 
 BLOCK_N = 64  # keys per tile: the reference's TILE
 DEFAULT_KEYS_PER_SPLIT = 256
-DECODE_BLOCK_K = 32  # keys per decode tile: [32, D] of k and of v per step, no spill at D = 256 in fp32
+
+
+class DecodeTile(NamedTuple):
+    """The decode kernel's launch: keys per tile ([block_k, D] of k and of v per step), warps, pipeline stages."""
+
+    block_k: int = 32  # no spill at D = 256 in fp32 with 4 warps
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DECODE_TILE = DecodeTile()
 
 
 @triton.jit
@@ -313,7 +325,7 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                            page_table: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
                            keys_per_split: int | None = DEFAULT_KEYS_PER_SPLIT, max_seq_len: int | None = None,
                            gate: torch.Tensor | None = None, rows: int | None = None,
-                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                           out_dtype: torch.dtype | None = None, tile: DecodeTile = DECODE_TILE) -> torch.Tensor:
     """One query per sequence, q [B, Hq, D] at position ``seq_lens[b] - 1`` (>= 0), over its pages.
 
     ``keys_per_split``: positions per split (a multiple of 64), or None for one pass per sequence.
@@ -323,6 +335,7 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     With ``gate`` [B, Hq, D] (any row and head strides; a view of the fused projection) the same launches apply a
     gated attention's output gate and lay the result out for the next projection: returns
     ``out * sigmoid(gate)`` as [``rows``, Hq * D] in ``out_dtype``, the rows past B zero (``sigmoid_mul``'s bits).
+    ``tile``: the kernel's key tile and launch (``benchmarks/decode_attention.py`` times them).
     """
     batch, hq, head_dim = q.shape
     _check_cache(k_cache, v_cache, head_dim, hq, q.dtype)
@@ -360,8 +373,8 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         q, k_cache, v_cache, page_table, lens, out, part, lse, gate_args[0], batch, scale, head_dim,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         *out_strides, *part_strides, *gate_args[1:],
-        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, GATED=gated, BLOCK_K=DECODE_BLOCK_K,
-        BLOCK_D=block_d, num_warps=4, num_stages=2, **pdl.options())
+        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, GATED=gated, BLOCK_K=tile.block_k,
+        BLOCK_D=block_d, num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl.options())
     if split:
         _merge_splits_kernel[(grid_rows, hq)](
             part, lse, lens, out, gate_args[0], batch, n_splits, head_dim, *part_strides, *out_strides,
