@@ -23,8 +23,8 @@ default engine), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineCo
 ``graphs-bf16-tgemm`` (and the projections through the Triton decode gemm: ``EngineConfig.decode_gemm``),
 ``graphs-bf16-auto`` (per weight shape, whichever of cuBLAS and the Triton gemm's configurations timed fastest),
 ``graphs-bf16-gdn1`` (each GDN layer's conv, replay and norm in one launch: ``EngineConfig.decode_gdn``),
-``graphs-bf16-pdl`` and ``graphs-bf16-auto-pdl`` (the step's Triton kernels as programmatic dependent launches:
-``EngineConfig.decode_pdl``; a Hopper GPU),
+``graphs-bf16-pdl``, ``graphs-bf16-auto-pdl`` and ``graphs-bf16-auto-pdl-gdn1`` (the step's Triton kernels as
+programmatic dependent launches: ``EngineConfig.decode_pdl``; a Hopper GPU),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
 tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes), and with
@@ -80,6 +80,8 @@ VARIANTS = {"graphs": {"decode_kernels": "triton", "cuda_graphs": True},
                                 "decode_pdl": True},
             "graphs-bf16-auto-pdl": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
                                      "decode_gemm": "auto", "decode_pdl": True},
+            "graphs-bf16-auto-pdl-gdn1": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
+                                          "decode_gemm": "auto", "decode_pdl": True, "decode_gdn": "fused"},
             "triton": {"decode_kernels": "triton", "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
 

@@ -105,7 +105,8 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     swapped splits with their parts added in the same launch (``fused_sum``: the two-launch split's bits, on real
     concurrent programs), and the TMA tiles as programmatic dependent launches, at the 0.8B model's shapes in
     bfloat16: within bf16 rounding of the float32 product, rows past the batch zero, and a row's bits the same
-    alone as in a batch of 20 (two live 16-row tiles)."""
+    alone as in a batch of 20 (two live 16-row tiles); a swapped tile reading an MLP's gate | up rows
+    (``silu_mul=True``) gives the bits of the activation's kernel then the gemm."""
     import torch
 
     from mini_engine.ops.decode_rows import gemm
