@@ -9,8 +9,7 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
 - projections: the residual stream is kept as float32 rows padded to the gemm tile (``inv.ROW_TILE``),
   the projections that read the same rows are fused into one weight (``DecodeModel``), and the
   norms, gates, RoPE and activations around them are one per-row kernel each
-  (``mini_engine.ops.decode_rows``), writing the next gemm's input in the weight's dtype (the MLP's activation
-  goes into the down projection's input tiles where that gemm is the swapped Triton tile: ``mlp_down``);
+  (``mini_engine.ops.decode_rows``), writing the next gemm's input in the weight's dtype;
 - conv: ``causal_conv1d_update``'s arithmetic on the slot's conv rows, in place, in the same launch as the
   Gated DeltaNet's prepared row (``conv_gdn_rows``);
 - Gated DeltaNet, on the state as it is kept (``mini_engine.model.state``: the recurrent state at
@@ -141,15 +140,6 @@ class DecodeModel:
             return inv.linear(x, weight)
         return gemm_ops.linear(x, weight, rows=rows, config=config)
 
-    def mlp_down(self, gate_up: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
-        """The MLP's down projection of ``SiLU(gate) * up`` from its fused gate | up rows: in one launch where the
-        weight's gemm is the swapped tile (the activation computed as it loads its input, the same bits), else the
-        activation's own kernel, then ``linear``."""
-        config = self._gemms.get(id(weight))
-        if gemm_ops.fuses_silu_mul(config):
-            return gemm_ops.linear(gate_up, weight, rows=rows, config=config, silu_mul=True)
-        return self.linear(row_ops.silu_mul(gate_up=gate_up, out_dtype=weight.dtype, live=rows), weight, rows)
-
 
 def _fuse(layer) -> _LayerWeights:
     """The layer's fused projections (``FusedProjection``): the same tensors the Triton prefill multiplies by."""
@@ -213,7 +203,9 @@ def _layers(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
         norm = layer.post_attention_layernorm
         h = row_ops.add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=weights.gate_up.dtype,
                                  live=n)
-        delta = dm.mlp_down(dm.linear(h, weights.gate_up, n), layer.mlp.down_proj.weight, n)
+        act = row_ops.silu_mul(gate_up=dm.linear(h, weights.gate_up, n), out_dtype=layer.mlp.down_proj.weight.dtype,
+                               live=n)
+        delta = dm.linear(act, layer.mlp.down_proj.weight, n)
     head = model.head_weight
     h = row_ops.add_rms_norm(x=x, delta=delta, weight=model.model.norm.weight, eps=dm.norm_eps, out_dtype=head.dtype,
                              live=n)

@@ -141,10 +141,6 @@ def _exercise() -> None:
             gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True))
             with pdl.launches(True):  # a split summed by a second launch, in a dependent decode step
                 gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 128, split_k=2))
-            gate_up = torch.zeros(64, 2 * weight.shape[1], dtype=dtype)  # the MLP's activation in the down gemm
-            for choice in gemm.configs(*weight.shape):
-                if gemm.fuses_silu_mul(choice):
-                    gemm.linear(gate_up, weight, rows=1, config=choice, silu_mul=True)
             for tma in (False, True):  # a split whose parts the tile's last program adds (fused_sum)
                 gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 128, split_k=4, swap=True, tma=tma,
                                                                       fused_sum=True))

@@ -200,28 +200,6 @@ def test_a_fused_sum_gives_the_two_launch_splits_bits():
         gemm.linear(x, weight, rows=18, config=gemm.GemmConfig(64, 16, swap=True, fused_sum=True))
 
 
-def test_the_mlp_activation_in_the_swapped_tile_gives_the_two_launches_bits():
-    """``silu_mul=True`` (the down projection reading the MLP's gate | up rows, ``DecodeModel.mlp_down``): the bits
-    of ``silu_mul`` then the gemm, for every swapped configuration (whole K and 4 parts, by address and by
-    descriptor, parts summed in the launch or by a second), over two live row tiles and a tile past the batch;
-    an unswapped configuration and a misshapen input are refused."""
-    gen = torch.Generator().manual_seed(12)
-    weight = randn(100, 64, gen=gen, dtype=torch.float16)
-    gate_up = torch.zeros(48, 128, dtype=torch.float16)
-    gate_up[:18] = randn(18, 128, gen=gen, dtype=torch.float16) * 3
-    act = kernels.silu_mul(gate_up=gate_up, out_dtype=torch.float16, live=18)
-    swapped = [gemm.GemmConfig(64, k, split_k=split, swap=True, tma=tma, fused_sum=fused)
-               for k, split in ((64, 1), (16, 4)) for tma in (False, True) for fused in (False, split > 1)]
-    for config in dict.fromkeys(swapped):
-        got = gemm.linear(gate_up, weight, rows=18, config=config, silu_mul=True)
-        assert torch.equal(got, gemm.linear(act, weight, rows=18, config=config)) and not got[18:].any(), config
-    assert not gemm.fuses_silu_mul(gemm.GemmConfig(64, 64)) and not gemm.fuses_silu_mul(None)
-    with pytest.raises(ValueError, match="silu_mul=True .* needs swap=True"):
-        gemm.linear(gate_up, weight, rows=18, config=gemm.GemmConfig(64, 64), silu_mul=True)
-    with pytest.raises(ValueError, match=r"x \[P, 2K\]"):
-        gemm.linear(gate_up[:, :127], weight, rows=18, config=swapped[0], silu_mul=True)
-
-
 def test_the_swapped_tile_reads_the_weights_edge_rows_as_zeros():
     """The swapped kernel on a weight whose rows end inside a block (by address, masked; by descriptor, the
     TMA's zero fill) and in a second live 16-row tile: the product within fp16 rounding, padding rows zero."""

@@ -32,9 +32,8 @@ import triton.language as tl
 
 from mini_engine.ops import invariant as inv
 from mini_engine.ops import pdl
-from mini_engine.ops.decode_rows.triton import _sigmoid  # silu_mul's: the fused activation keeps its bits
 
-__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "fuses_silu_mul", "graph_microseconds", "linear", "past_l2"]
+__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2"]
 
 BLOCK_M = 16  # rows per program, fixed whatever the batch
 
@@ -87,8 +86,7 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
 @triton.jit(do_not_specialize=["n_live"])
 def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final, counters,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, SILU_MUL: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
+                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PDL: tl.constexpr = False):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
     is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
@@ -100,11 +98,7 @@ def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride
     With FUSED_SUM (K in SPLIT parts), ``out`` is the parts buffer and the tile's parts are added in one launch:
     each program stores its part, then counts itself in on the tile's counter (``counters``, zero at rest); the
     program that counts last adds the SPLIT parts in order 0, 1, ... (``_sum_parts_kernel``'s order, so the same
-    bits) into ``final`` and sets the counter back to zero for the next launch.
-
-    With SILU_MUL, ``x`` is the MLP's gate | up rows [P, 2K] and each input tile is ``SiLU(gate) * up`` of the
-    tile's gate and up columns, in ``decode_rows.silu_mul``'s arithmetic and dtype (the same bits as that kernel's
-    output multiplied, one launch fewer)."""
+    bits) into ``final`` and sets the counter back to zero for the next launch."""
     pdl.begin(PDL)
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -121,11 +115,7 @@ def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride
             else:
                 b = tl.load(w_tile, mask=col_ok[:, None], other=0.0)
                 w_tile += BLOCK_K
-            a = tl.load(x_tile)
-            if SILU_MUL:  # the up columns are K past the gate's
-                gate = a.to(tl.float32)
-                a = (gate * _sigmoid(gate) * tl.load(x_tile + K_PART * SPLIT).to(tl.float32)).to(a.dtype)
-            acc = tl.dot(b, a, acc)
+            acc = tl.dot(b, tl.load(x_tile), acc)
             x_tile += BLOCK_K
     target = out + part.to(tl.int64) * part_stride + rows.to(tl.int64)[None, :] * out_stride + cols[:, None]
     tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[:, None])
@@ -179,20 +169,16 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     return out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConfig | None = None,
-           silu_mul: bool = False) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConfig | None = None) -> torch.Tensor:
     """``x @ weight.T`` for x [P, K] (P a multiple of 16, rows past ``rows`` zero) and a 16-bit weight [N, K]
     of x's dtype; returns [P, N] in that dtype, rows past ``rows`` zero. Accumulates in float32.
-    ``config``: default the first of ``configs``. ``silu_mul``: x is an MLP's gate | up [P, 2K] and the product
-    is ``decode_rows.silu_mul(x) @ weight.T``, bit for bit, the activation computed as the swapped tile loads its
-    input (a swapped ``config`` only: ``fuses_silu_mul``)."""
+    ``config``: default the first of ``configs``."""
     if weight.dtype not in (torch.float16, torch.bfloat16) or x.dtype != weight.dtype:
         raise ValueError(f"linear takes a 16-bit weight and input of its dtype; got {x.dtype} x {weight.dtype}")
-    padded, n_in = x.shape[0], x.shape[1] // 2 if silu_mul else x.shape[1]
-    if weight.dim() != 2 or weight.shape[1] != n_in or weight.stride(1) != 1 or x.stride(1) != 1 or (
-            silu_mul and x.shape[1] != 2 * n_in):
-        raise ValueError(f"weight must be [N, K] and x [P, {'2K' if silu_mul else 'K'}], both contiguous along K; got "
-                         f"{tuple(weight.shape)} and {tuple(x.shape)}, strides {weight.stride()} and {x.stride()}")
+    padded, n_in = x.shape
+    if weight.dim() != 2 or weight.shape[1] != n_in or weight.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError(f"weight must be [N, {n_in}] and both contiguous along K; got {tuple(weight.shape)}, "
+                         f"strides {weight.stride()} and {x.stride()}")
     if padded % BLOCK_M or not 0 <= rows <= padded:
         raise ValueError(f"x must have a multiple of {BLOCK_M} rows and rows in [0, {padded}]; got {padded} and {rows}")
     n_out = weight.shape[0]
@@ -205,9 +191,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     if config.fused_sum and not (config.swap and config.split_k > 1):
         raise ValueError(f"fused_sum=True adds the swapped kernel's K parts in its own launch: it needs swap=True and "
                          f"split_k > 1; got {config}")
-    if silu_mul and not fuses_silu_mul(config):
-        raise ValueError(f"silu_mul=True computes the activation in the swapped kernel's input tiles: it needs "
-                         f"swap=True; got {config}")
     if config.pdl and not (config.swap and pdl.available()):
         raise ValueError(f"pdl=True is the swapped kernel's programmatic dependent launch: it needs swap=True and a "
                          f"triton with triton.language.extra.cuda.gdc_wait (3.4 on); got {config}, triton "
@@ -232,7 +215,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         dependent = {"PDL": True, "launch_pdl": True} if config.pdl else pdl.options()
         counters = _counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
         _swapped_kernel[grid](x, w, parts, rows, *shared, out, counters, TMA=config.tma, SPLIT=split,
-                              FUSED_SUM=config.fused_sum, SILU_MUL=silu_mul, **blocks, **dependent)
+                              FUSED_SUM=config.fused_sum, **blocks, **dependent)
     else:
         _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks, **pdl.options())
     if split > 1 and not config.fused_sum:
@@ -240,11 +223,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
                                                              SPLIT=split, BLOCK=block, **pdl.options())
     return out
-
-
-def fuses_silu_mul(config: GemmConfig | None) -> bool:
-    """Whether ``linear(..., config=config, silu_mul=True)`` can take an MLP's gate | up rows (the swapped tile)."""
-    return config is not None and config.swap
 
 
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # per device, every tile-counter buffer ever made
