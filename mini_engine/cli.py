@@ -22,7 +22,8 @@ def main() -> None:
 
 def engine_options(command):
     """The options every engine command takes: the model, the device and dtype, the scheduling mode, the device
-    seed, faults."""
+    seed, the decode step's gemms and launches, faults."""
+    from mini_engine.constants import DECODE_GEMMS
     from mini_engine.engine.config import DTYPES
     from mini_engine.faults import ALL_FAULTS, FAULTS
 
@@ -39,6 +40,12 @@ def engine_options(command):
         click.option("--device-seed", type=int, default=0, show_default=True,
                      help="Seed of the device: the simulated device's schedule; on cuda 0 keeps the GPU's own "
                           "timing and any other seed adds seeded stream delays."),
+        click.option("--decode-gemm", type=click.Choice(DECODE_GEMMS), default="cublas", show_default=True,
+                     help="On cuda, the decode step's 16-bit projections (--dtype bfloat16): cuBLAS, the Triton decode "
+                          "gemm, or per weight whichever timed fastest at start (auto: 1-6 s more to start)."),
+        click.option("--decode-pdl", is_flag=True,
+                     help="On cuda (Hopper), launch the decode step's Triton kernels as programmatic dependent launches "
+                          "(the same bits; with --decode-gemm auto, 14 % more tokens/s at batch 1 on an H100)."),
         click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
                      help=f"Switch one safeguard off (repeatable): {', '.join(FAULTS)}; outside the catalogue: "
                           f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
@@ -86,14 +93,14 @@ def build_engine(model_name: str | None, *, sink=None, **config):
               help="Send the same prompt this many times, one after another (the later ones hit the cache).")
 @engine_options
 def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, repeat: int, device: str, dtype: str,
-             overlap: bool, device_seed: int, faults: tuple[str, ...]) -> None:
+             overlap: bool, device_seed: int, decode_gemm: str, decode_pdl: bool, faults: tuple[str, ...]) -> None:
     """Greedy generation through the engine (prefix cache on), printing cached_tokens per run."""
     from mini_engine.engine import SamplingParams
 
     if not prompt:
         raise click.BadParameter("must not be empty", param_hint="--prompt")
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
-                          faults=faults)
+                          decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults)
     model = engine.model
     text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=engine.tokenizer.eos_token_ids)
@@ -129,15 +136,16 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
                    "prefill each; appended: give each server start a file of its own): `hammer analyze RUN "
                    "--ledger-log FILE` attributes an HTTP run from it. The responses then also carry the checks of "
                    "the logits each token was sampled from.")
-def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, faults: tuple[str, ...],
-          host: str, port: int, api_key: str | None, served_model_name: str | None, max_running: int, num_slots: int,
+def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, decode_gemm: str,
+          decode_pdl: bool, faults: tuple[str, ...], host: str, port: int, api_key: str | None,
+          served_model_name: str | None, max_running: int, num_slots: int,
           num_pages: int, max_context: int, ledger: Path | None) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""
     from mini_engine.server import create_app, serve as run_server
 
     rows = None if ledger is None else ledger.open("a", encoding="utf-8", buffering=1)  # a line a row, as written
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
-                          faults=faults, max_running=max_running, num_slots=num_slots, num_pages=num_pages,
+                          decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults, max_running=max_running, num_slots=num_slots, num_pages=num_pages,
                           max_context=max_context, reference_states=rows is not None,
                           sink=None if rows is None else lambda row: rows.write(json.dumps(row, default=str) + "\n"))
     if device == "cuda":  # the first requests would otherwise compile the kernels and capture the graphs

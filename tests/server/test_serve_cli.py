@@ -27,7 +27,7 @@ def test_serve_help_lists_the_options():
     assert result.exit_code == 0
     for option in ("--host", "--port", "--api-key", "--fault", "--model", "--device", "--dtype", "--overlap",
                    "--device-seed", "--max-running", "--num-slots", "--num-pages", "--max-context",
-                   "--served-model-name"):
+                   "--served-model-name", "--decode-gemm", "--decode-pdl"):
         assert option in result.output
 
 
@@ -38,6 +38,8 @@ def test_serve_help_lists_the_options():
     (["--max-running", "40", "--num-slots", "50"], "--num-slots"),  # 3 slots per running request
     (["--model", "/no/such/checkpoint"], "--model"),
     (["--dtype", "float16"], "--dtype"),
+    (["--decode-gemm", "fast"], "--decode-gemm"),
+    (["--decode-pdl"], "--decode-pdl"),  # on the simulated device: it launches the GPU's decode kernels
     pytest.param(["--device", "cuda"], "--device",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")),
 ])
