@@ -38,13 +38,14 @@
 #              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence). The ledger's profile is in
 #              diagnose.
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
-#              1.6 GB roofline) in bfloat16 against transformers on the same weights, each GDN layer in
-#              three launches and in one (decode_gdn), then a batch-1 profile of a decode step of each
+#              1.6 GB roofline) in bfloat16 against transformers on the same weights, the default and the fastest
+#              (decode_gemm="auto" + decode_pdl), then a batch-1 profile and timeline (gzipped) of each
 #   prefill    benchmarks/gpu_prefill.py (the engine's prefill and the model forward: the Triton kernels,
 #              the Triton sequence ops with the tiled reference gemm, the references; a profile) and
 #              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
-#   kernels    benchmarks/gdn_kernels.py, benchmarks/small_kernels.py and benchmarks/decode_gemms.py (each batch-1
+#   kernels    benchmarks/gdn_kernels.py, benchmarks/small_kernels.py, benchmarks/decode_gemms.py (each batch-1
 #              projection of the 0.8B model: cuBLAS on 64 and on 16 rows, its one-row path, the Triton decode gemm)
+#              and benchmarks/decode_attention.py (the decode attention's tiles and splits in a graph)
 #
 # Runs from a plain checkout (PYTHONPATH, no install: the GPU machine has torch, triton, transformers
 # and the harness's dependencies but not this package). Each step is bounded by `timeout` so a slow
@@ -79,8 +80,8 @@ case "$part" in
             --out "$out/engine_throughput_cuda_08b.json"
         step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
         step 150 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
-        step 150 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto --hf-dtype \
-            --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
+        step 150 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto-pdl \
+            --hf-dtype --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
     gemms)
         step 100 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
         step 460 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json" ;;
@@ -118,11 +119,12 @@ case "$part" in
         step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json" ;;
     decode)
-        step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-gdn1 \
+        step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto-pdl \
             --hf-dtype bfloat16 --vocab 248320 --out "$out/gpu_engine_qwen_vocab.json"
-        step 200 gpu_engine_profile python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-gdn1 \
-            --hf-dtype --batches 1 --repeats 1 --profile "$out/gpu_engine_profile.txt" --profile-batch 1 \
-            --out "$out/gpu_engine_b1.json" ;;
+        step 200 gpu_engine_profile python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto-pdl \
+            --hf-dtype --batches 1 --repeats 1 --long 16 --profile "$out/gpu_engine_profile.txt" --trace \
+            --profile-batch 1 --out "$out/gpu_engine_b1.json"
+        gzip -f "$out"/*.trace.json ;;
     prefill)
         step 300 gpu_prefill python3 benchmarks/gpu_prefill.py --chunks 512 --repeats 2 \
             --profile "$out/gpu_prefill_profile.txt" --out "$out/gpu_prefill.json"
@@ -130,6 +132,7 @@ case "$part" in
     kernels)
         step 300 gdn_kernels python3 benchmarks/gdn_kernels.py --out "$out/gdn_kernels.json"  # fla: carry fla-core
         step 180 small_kernels python3 benchmarks/small_kernels.py --out "$out/small_kernels.json"
-        step 100 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json" ;;
+        step 100 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
+        step 120 decode_attention python3 benchmarks/decode_attention.py --out "$out/decode_attention.json" ;;
 esac
 exit $status
