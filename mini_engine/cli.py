@@ -44,8 +44,9 @@ def engine_options(command):
                      help="On cuda, the decode step's 16-bit projections (--dtype bfloat16): cuBLAS, the Triton decode "
                           "gemm, or per weight whichever timed fastest at start (auto: 1-6 s more to start)."),
         click.option("--decode-pdl", is_flag=True,
-                     help="On cuda (Hopper), launch the decode step's Triton kernels as programmatic dependent launches "
-                          "(the same bits; with --decode-gemm auto, 14 % more tokens/s at batch 1 on an H100)."),
+                     help="On cuda (Hopper), launch the decode step's Triton kernels as programmatic dependent "
+                          "launches (the same bits; with --decode-gemm auto, 14 % more tokens/s at batch 1 on an "
+                          "H100)."),
         click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
                      help=f"Switch one safeguard off (repeatable): {', '.join(FAULTS)}; outside the catalogue: "
                           f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
@@ -145,8 +146,9 @@ def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device
 
     rows = None if ledger is None else ledger.open("a", encoding="utf-8", buffering=1)  # a line a row, as written
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
-                          decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults, max_running=max_running, num_slots=num_slots, num_pages=num_pages,
-                          max_context=max_context, reference_states=rows is not None,
+                          decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults, max_running=max_running,
+                          num_slots=num_slots, num_pages=num_pages, max_context=max_context,
+                          reference_states=rows is not None,
                           sink=None if rows is None else lambda row: rows.write(json.dumps(row, default=str) + "\n"))
     if device == "cuda":  # the first requests would otherwise compile the kernels and capture the graphs
         warm = engine.warm_up()
