@@ -18,13 +18,20 @@ each stream reaches its ops, so an unfenced pair of ops on two streams meets in 
 whose donation clones copy 19 MB a slot on the copy stream (the tiny model's: 0.1 MB), so an
 unfenced upload queued behind them lands later on the GPU's own timing.
 
+The ``donate=transfer`` cell needs replies that end on a stop (the scheduler cannot foresee one, so the next
+decode is in flight at the donation): its ``follow-up`` turns stop at U+FFFD, which the tiny random model emits
+within a few bytes. The random 0.8B model's greedy replies are ``=`` repeated and never stop, so there every reply
+ends by length and nothing aliases (0 of 21 on the sim and on the GPU, session 13); ``--reply-stop =`` adds a stop
+that model emits.
+
 Usage: ``python benchmarks/fault_mechanisms.py [--device sim|cuda] [--requests 60] [--device-seeds 0 1]
-[--model NAME] [--dtype float32|bfloat16] [--out FILE]``.
+[--model NAME] [--dtype float32|bfloat16] [--cells NAME ...] [--reply-stop TEXT] [--out FILE]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 from collections import defaultdict
@@ -32,6 +39,7 @@ from pathlib import Path
 
 from forensics.attribute import donated_states
 from hammer.matrix import run_matrix, select
+from hammer.patterns.follow_up import REPLY_STOP
 
 CELLS = ("donate=transfer", "metadata_fence=off", "clean")
 
@@ -61,12 +69,18 @@ def main() -> None:
                         help="one matrix per seed (on cuda, 0: the GPU's own timing; others: the stream-delay nemesis)")
     parser.add_argument("--model", default=None, help="the engine's model (default: the engine's, probe-tiny)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
+    parser.add_argument("--cells", nargs="+", choices=CELLS, default=list(CELLS), help="the cells to run")
+    parser.add_argument("--reply-stop", action="append", default=[], metavar="TEXT",
+                        help="also stop the follow-up pattern's replies at TEXT (repeatable; the donate=transfer cell: "
+                             "a model whose replies never reach U+FFFD)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    cells = [dataclasses.replace(cell, settings=(*cell.settings, ("stop", (*REPLY_STOP, *args.reply_stop))))
+             if args.reply_stop and "follow-up" in cell.patterns else cell for cell in select(args.cells)]
     rows = []
     for device_seed in args.device_seeds:
         with tempfile.TemporaryDirectory() as folder:
-            matrix = json.loads(run_matrix(select(CELLS), folder, requests=args.requests, model=args.model,
+            matrix = json.loads(run_matrix(cells, folder, requests=args.requests, model=args.model,
                                            device=args.device, device_seed=device_seed, dtype=args.dtype,
                                            echo=lambda _line: None).read_text())
             rows += [{"cell": cell["name"], "device_seed": device_seed, "seconds": cell["seconds"],
@@ -82,7 +96,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": args.device, "model": args.model, "dtype": args.dtype, "requests": args.requests,
-                       "cells": rows}, f, indent=2)
+                       "reply_stop": args.reply_stop, "cells": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
