@@ -70,9 +70,6 @@ def test_config_refuses_dependent_launches_off_the_gpu():
         with pytest.raises(ValueError, match="EngineConfig.decode_pdl=True .* needs device='cuda' and "
                                              "decode_kernels 'triton' or 'auto'"):
             EngineConfig(decode_pdl=True, **options)
-    from mini_engine.ops import pdl
-
-    assert "CUDA GPU; got device cpu" in pdl.supported("cpu")
 
 
 @pytest.mark.parametrize("name", ["decode_kernels", "prefill_kernels"])
