@@ -32,7 +32,8 @@
 #   faults     (ran out of an H100's memory in session 10, before the engines of finished rounds were freed:
 #              rerun it next after diagnose) benchmarks/fault_mechanisms.py --device cuda at a production model's size (qwen3.5-0.8b-shaped-random,
 #              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
-#              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis?
+#              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis? (--reply-stop :
+#              makes the random model's follow-up replies stop, as donate=transfer needs: session 13)
 #   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16, eight rounds (safeguards on
 #              vs off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
 #              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence). The ledger's profile is in
@@ -111,7 +112,7 @@ case "$part" in
             --out "$out/fault_mechanisms_cuda.json" ;;
     faults)
         step 560 mechanisms_08b python3 benchmarks/fault_mechanisms.py --device cuda --model qwen3.5-0.8b-shaped-random \
-            --dtype bfloat16 --requests 24 --device-seeds 0 1 --out "$out/fault_mechanisms_cuda_08b.json" ;;
+            --dtype bfloat16 --requests 24 --device-seeds 0 1 --reply-stop : --out "$out/fault_mechanisms_cuda_08b.json" ;;
     engine)
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
