@@ -112,7 +112,8 @@ case "$part" in
             --out "$out/fault_mechanisms_cuda.json" ;;
     faults)
         step 560 mechanisms_08b python3 benchmarks/fault_mechanisms.py --device cuda --model qwen3.5-0.8b-shaped-random \
-            --dtype bfloat16 --requests 24 --device-seeds 0 1 --reply-stop : --out "$out/fault_mechanisms_cuda_08b.json" ;;
+            --dtype bfloat16 --requests 24 --device-seeds 0 1 --reply-stop : \
+            --out "$out/fault_mechanisms_cuda_08b.json" ;;
     engine)
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
