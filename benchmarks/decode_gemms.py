@@ -107,11 +107,9 @@ def measure(shape: tuple[int, int], wide: bool = False) -> dict:
              "cublas-16": in_graph(lambda w: padded[:16] @ w.T),
              "cublas-1": in_graph(lambda w: padded[:1] @ w.T)}
     configs = {}
-    own = gemm_ops.configs(n_out, n_in)
-    own += [c._replace(fused_sum=True) for c in own if c.swap and c.split_k > 1]
-    candidates = wide_configs(n_out, n_in) if wide else own
-    candidates += [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1 and not c.fused_sum]
-    for config in list(dict.fromkeys(candidates + [c._replace(pdl=True) for c in own if c.tma])):
+    candidates = wide_configs(n_out, n_in) if wide else gemm_ops.configs(n_out, n_in)  # TMA tiles with PDL included
+    candidates += [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1]
+    for config in dict.fromkeys(candidates):
         try:
             configs[config] = in_graph(lambda w, c=config: gemm_ops.linear(padded, w, rows=1, config=c))
         except (OutOfResources, CompilationError) as error:  # one this device cannot run: named, not fatal

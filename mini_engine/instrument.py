@@ -126,12 +126,12 @@ class Instrumentation:
         rows, self._queue = self._queue[:ready_rows], self._queue[ready_rows:]
         # read back together: the values of every kind that shares a ``resolve_all`` (a subclass that only
         # ``finish``es differently), one call for them all
-        by_kind: dict[Any, list[tuple[dict[str, Any], str]]] = {}
+        by_kind: dict[Any, tuple[type, list[tuple[dict[str, Any], str]]]] = {}  # resolve_all -> (a kind, places)
         for row, keys in rows:
             for key in keys:
-                by_kind.setdefault(type(row[key]).resolve_all.__func__, []).append((row, key))
-        for places in by_kind.values():
-            kind = type(places[0][0][places[0][1]])
+                kind = type(row[key])
+                by_kind.setdefault(kind.resolve_all.__func__, (kind, []))[1].append((row, key))
+        for kind, places in by_kind.values():
             for (row, key), value in zip(places, kind.resolve_all([row[key] for row, key in places])):
                 row[key] = value
         for row, _ in rows:

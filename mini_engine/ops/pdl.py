@@ -68,10 +68,11 @@ def launches(enabled: bool) -> Iterator[None]:
         _ON.reset(token)
 
 
-def options() -> dict:
-    """A launch's keyword arguments: the kernel's ``PDL`` flag and the launch attribute, inside ``launches(True)``;
-    nothing otherwise (the attribute is part of a compile's key: a plain launch stays the plain compile)."""
-    return {"PDL": True, "launch_pdl": True} if _ON.get() else {}
+def options(*, always: bool = False) -> dict:
+    """A launch's keyword arguments: the kernel's ``PDL`` flag and the launch attribute, inside ``launches(True)``
+    or ``always``; nothing otherwise (the attribute is part of a compile's key: a plain launch stays the plain
+    compile)."""
+    return {"PDL": True, "launch_pdl": True} if always or _ON.get() else {}
 
 
 @triton.jit

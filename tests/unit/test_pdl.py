@@ -19,6 +19,7 @@ def test_launches_turn_the_options_on_inside_and_back_after():
             assert pdl.options() == {}
         assert pdl.options() == DEPENDENT
     assert pdl.options() == {}
+    assert pdl.options(always=True) == DEPENDENT, "a configuration that is a dependent launch (GemmConfig.pdl)"
 
 
 def test_the_setting_ends_with_its_scope_on_an_error():

@@ -212,7 +212,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         else:
             w = weight
         # a dependent launch by its configuration or inside the decode step's ``pdl.launches(True)``
-        dependent = {"PDL": True, "launch_pdl": True} if config.pdl else pdl.options()
+        dependent = pdl.options(always=config.pdl)
         counters = _counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
         _swapped_kernel[grid](x, w, parts, rows, *shared, out, counters, TMA=config.tma, SPLIT=split,
                               FUSED_SUM=config.fused_sum, **blocks, **dependent)
