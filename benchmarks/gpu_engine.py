@@ -18,13 +18,15 @@ greedily with end-of-sequence ignored. The roofline is one read of every weight 
 device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints a table, writes JSON.
 
 The engine runs once per ``--variants``, side by side: ``graphs`` (decode steps through
-``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size: the
-default engine), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.dtype``),
+``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size, cuBLAS gemms and plain
+launches), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.dtype``),
 ``graphs-bf16-tgemm`` (and the projections through the Triton decode gemm: ``EngineConfig.decode_gemm``),
 ``graphs-bf16-auto`` (per weight shape, whichever of cuBLAS and the Triton gemm's configurations timed fastest),
 ``graphs-bf16-gdn1`` (each GDN layer's conv, replay and norm in one launch: ``EngineConfig.decode_gdn``),
 ``graphs-bf16-pdl``, ``graphs-bf16-auto-pdl`` and ``graphs-bf16-auto-pdl-gdn1`` (the step's Triton kernels as
-programmatic dependent launches: ``EngineConfig.decode_pdl``; a Hopper GPU),
+programmatic dependent launches: ``EngineConfig.decode_pdl``; a Hopper GPU), ``graphs-bf16-default`` (the
+engine's defaults: ``decode_gemm="tuned"``, the gemms measured ahead of time for this GPU model, and dependent
+launches where the GPU can),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
 tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes), and with
@@ -68,21 +70,19 @@ def prompts(batch: int, length: int) -> list[list[int]]:
     return torch.randint(0, 256, (batch, length), generator=gen).tolist()
 
 
-VARIANTS = {"graphs": {"decode_kernels": "triton", "cuda_graphs": True},
-            "graphs-bf16": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16"},
-            "graphs-bf16-tgemm": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
-                                  "decode_gemm": "triton"},
-            "graphs-bf16-auto": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
-                                 "decode_gemm": "auto"},
-            "graphs-bf16-gdn1": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
-                                 "decode_gdn": "fused"},
-            "graphs-bf16-pdl": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
-                                "decode_pdl": True},
-            "graphs-bf16-auto-pdl": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
-                                     "decode_gemm": "auto", "decode_pdl": True},
-            "graphs-bf16-auto-pdl-gdn1": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
-                                          "decode_gemm": "auto", "decode_pdl": True, "decode_gdn": "fused"},
-            "triton": {"decode_kernels": "triton", "cuda_graphs": False},
+_PLAIN = {"decode_kernels": "triton", "cuda_graphs": True, "decode_gemm": "cublas", "decode_pdl": False}
+_BF16 = {**_PLAIN, "dtype": "bfloat16"}
+VARIANTS = {"graphs": _PLAIN,
+            "graphs-bf16": _BF16,
+            "graphs-bf16-tgemm": {**_BF16, "decode_gemm": "triton"},
+            "graphs-bf16-auto": {**_BF16, "decode_gemm": "auto"},
+            "graphs-bf16-gdn1": {**_BF16, "decode_gdn": "fused"},
+            "graphs-bf16-pdl": {**_BF16, "decode_pdl": True},
+            "graphs-bf16-auto-pdl": {**_BF16, "decode_gemm": "auto", "decode_pdl": True},
+            "graphs-bf16-auto-pdl-gdn1": {**_BF16, "decode_gemm": "auto", "decode_pdl": True, "decode_gdn": "fused"},
+            # the engine's own defaults in bfloat16: the packaged table's gemms, dependent launches where the GPU can
+            "graphs-bf16-default": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16"},
+            "triton": {**_PLAIN, "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
 
 

@@ -40,13 +40,15 @@ def engine_options(command):
         click.option("--device-seed", type=int, default=0, show_default=True,
                      help="Seed of the device: the simulated device's schedule; on cuda 0 keeps the GPU's own "
                           "timing and any other seed adds seeded stream delays."),
-        click.option("--decode-gemm", type=click.Choice(DECODE_GEMMS), default="cublas", show_default=True,
+        click.option("--decode-gemm", type=click.Choice(DECODE_GEMMS), default="tuned", show_default=True,
                      help="On cuda, the decode step's 16-bit projections (--dtype bfloat16): cuBLAS, the Triton decode "
-                          "gemm, or per weight whichever timed fastest at start (auto: 1-6 s more to start)."),
-        click.option("--decode-pdl", is_flag=True,
-                     help="On cuda (Hopper), launch the decode step's Triton kernels as programmatic dependent "
-                          "launches (the same bits; with --decode-gemm auto, 14 % more tokens/s at batch 1 on an "
-                          "H100)."),
+                          "gemm, per weight whichever timed fastest at start (auto: 1-6 s more to start, and the "
+                          "choice may differ between processes), or the choice measured ahead of time for this GPU "
+                          "model (tuned; cuBLAS where the package's table has none)."),
+        click.option("--decode-pdl/--no-decode-pdl", default=None,
+                     help="On cuda, launch the decode step's Triton kernels as programmatic dependent launches (the "
+                          "same bits; 14 % more tokens/s at batch 1 on an H100 with the Triton gemms). Default: on "
+                          "where the GPU can (Hopper on)."),
         click.option("--fault", "faults", multiple=True, type=click.Choice(list(ALL_FAULTS)), metavar="NAME",
                      help=f"Switch one safeguard off (repeatable): {', '.join(FAULTS)}; outside the catalogue: "
                           f"{', '.join(k for k in ALL_FAULTS if k not in FAULTS)}."),
@@ -94,7 +96,7 @@ def build_engine(model_name: str | None, *, sink=None, **config):
               help="Send the same prompt this many times, one after another (the later ones hit the cache).")
 @engine_options
 def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, repeat: int, device: str, dtype: str,
-             overlap: bool, device_seed: int, decode_gemm: str, decode_pdl: bool, faults: tuple[str, ...]) -> None:
+             overlap: bool, device_seed: int, decode_gemm: str, decode_pdl: bool | None, faults: tuple[str, ...]) -> None:
     """Greedy generation through the engine (prefix cache on), printing cached_tokens per run."""
     from mini_engine.engine import SamplingParams
 
@@ -138,7 +140,7 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
                    "--ledger-log FILE` attributes an HTTP run from it. The responses then also carry the checks of "
                    "the logits each token was sampled from.")
 def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, decode_gemm: str,
-          decode_pdl: bool, faults: tuple[str, ...], host: str, port: int, api_key: str | None,
+          decode_pdl: bool | None, faults: tuple[str, ...], host: str, port: int, api_key: str | None,
           served_model_name: str | None, max_running: int, num_slots: int,
           num_pages: int, max_context: int, ledger: Path | None) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""

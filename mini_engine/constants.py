@@ -6,8 +6,10 @@ SNAPSHOT_ALIGN = 64
 
 # The Triton decode step's projections with 16-bit weights: "cublas" (``inv.linear``, 64-row tiles),
 # "triton" (``decode_rows.gemm.linear``: 16-row tiles, tiles past the batch skipped), or "auto" (per weight
-# shape, whichever of those two and a few Triton configurations ran fastest on the device: ``gemm.choose``).
-DECODE_GEMMS = ("cublas", "triton", "auto")
+# shape, whichever of those two and a few Triton configurations ran fastest on the device: ``gemm.choose``), or
+# "tuned" (the same choice measured ahead of time for the GPU model, kept in the package: ``decode_rows.tuned``;
+# cuBLAS for what it does not list).
+DECODE_GEMMS = ("cublas", "triton", "auto", "tuned")
 
 # The Triton decode step's Gated DeltaNet layers between their projections: "split" (three launches: the conv
 # and prepared row, the replay of the slot's rows, the output norm) or "fused" (one: ``decode_rows.gdn_step``).

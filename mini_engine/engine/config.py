@@ -46,11 +46,14 @@ class EngineConfig:
     # or TRITON_INTERPRET=1: ``mini_engine.model.kernels``), "auto": triton on cuda, reference on the sim.
     prefill_kernels: str = "auto"
     cuda_graphs: bool = True  # the triton decode on cuda replays one CUDA graph per batch size
-    decode_gemm: str = "cublas"  # the triton decode's 16-bit projections (constants.DECODE_GEMMS)
+    # The triton decode's 16-bit projections (constants.DECODE_GEMMS): "tuned" is the packaged table's choice
+    # for the GPU model (``ops.decode_rows.tuned``), cuBLAS wherever the table has none.
+    decode_gemm: str = "tuned"
     decode_gdn: str = "split"  # the triton decode's Gated DeltaNet layers: three launches or one (constants.GDN_STEPS)
     # The triton decode's Triton kernels as programmatic dependent launches: each may start while the one before
     # still runs, and waits for it before it reads anything (the same bits). Needs a Hopper GPU (``ops.pdl``).
-    decode_pdl: bool = False
+    # None: on wherever the device and the triton can (``runner.ModelRunner``), off elsewhere.
+    decode_pdl: bool | None = None
     # The projections' weights (linear layers, embedding, head) and gemm inputs; the residual stream,
     # norms, gates, recurrent states and KV stay float32. "bfloat16" halves the bytes a decode step reads.
     dtype: str = "float32"

@@ -27,7 +27,7 @@ from mini_engine.ops import pdl
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, rows_lanes
 
-__all__ = ["Batch", "BatchItem", "ModelRunner"]
+__all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class ModelRunner:
                  stream: Stream, metadata: ResidentDecodeMetadata, fences: SlotFences, *,
                  instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference",
                  prefill_path: str = "reference", cuda_graphs: bool = False, decode_gemm: str = "cublas",
-                 decode_gdn: str = "split", decode_pdl: bool = False) -> None:
+                 decode_gdn: str = "split", decode_pdl: bool | None = None) -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
@@ -70,11 +70,18 @@ class ModelRunner:
         self.decode_path = decode_path  # "triton": decode items go through model.decode.decode_step
         self.prefill_path = prefill_path  # HybridModel.forward's kernels
         self.pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
-        if decode_pdl and (reason := pdl.supported(device.torch_device)):
-            raise ValueError(f"EngineConfig.decode_pdl=True: {reason}")
+        refused = pdl.supported(device.torch_device)
+        if decode_pdl and refused:
+            raise ValueError(f"EngineConfig.decode_pdl=True: {refused}")
+        if decode_pdl is None:  # where the device can: the same bits, a shorter step
+            decode_pdl = decode_path == "triton" and refused is None
         self.decode_model = (DecodeModel(model, gemm=decode_gemm, gdn=decode_gdn, pdl=decode_pdl)
                              if decode_path == "triton" else None)
-        self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token)
+        # with a sink, each graph also replays the ledger's digests of its step (``step_digests``): no launch of
+        # theirs from the host per step
+        after = (lambda inputs, table, logits: step_digests(states, inputs, table, logits)) \
+            if instrumentation.enabled else None
+        self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token, after=after)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0
         self._staged_digests: dict[tuple[int, ...], int] = {}
@@ -175,8 +182,10 @@ class ModelRunner:
         device = self.states.next_token.device
         slot_ids = upload(torch.tensor(slots), device)
         positions = [it.start for it in items]
+        counts = [len(it.pages) for it in items]  # each table row's pages (the ledger digests the row cut there)
+        digests = ()
         if self.graphs is not None:
-            logits = self.graphs(slots, positions, table)
+            logits, digests = self.graphs(slots, positions, table, counts if self.graphs.after else None)
         else:
             tokens_in = self.states.next_token.index_select(0, slot_ids)
             logits = decode_step(self.decode_model, self.pools, tokens_in, slots, positions, table)
@@ -184,11 +193,10 @@ class ModelRunner:
         self.states.next_token.index_copy_(0, slot_ids, tokens)
         rows = upload(torch.tensor(indices), device)
         batch.sampled[:, 0].index_copy_(0, rows, tokens)
-        if self.events.enabled:  # the batch's checksums together: a few launches, not a few per item
+        if self.events.enabled:  # the batch's digests together: a few launches or none, not a few per item
             with self.events.timing():
-                batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(device))
-                written = self.states.checksums(slots, [it.start + it.length for it in items])
-                reads = self._table_reads(items, table[: len(items)])
+                written, reads = self._decode_digests(batch, rows, items, counts, table[: len(items)], logits,
+                                                      digests)
         for r, it in enumerate(items):
             # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
             wrote_track = it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer
@@ -198,6 +206,29 @@ class ModelRunner:
                                            Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
             if self.events.enabled:
                 self._report_writes(batch.index, it, written[r], wrote_track, reads[r])
+
+    def _decode_digests(self, batch: Batch, rows: torch.Tensor, items: list[BatchItem], counts: list[int],
+                        table: torch.Tensor, logits: torch.Tensor, digests: tuple) -> tuple[list, list]:
+        """The ledger's digests of a decode step: per item the checksum of the state its slot was left with and
+        the (checksum, match) of the page-table row the step read against the staged one; the logits' checks go
+        into the batch's results. On CUDA one device computation (``step_digests``), ``digests`` when the step's
+        graph replayed it; on the sim host ints."""
+        slots, lengths = [it.live_slot for it in items], [it.start + 1 for it in items]
+        if not logits.is_cuda:
+            batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
+            return self.states.checksums(slots, lengths), self._table_reads(items, table)
+        if not digests:  # the step ran eagerly: the same computation, launched now
+            host = torch.tensor([slots, [it.start for it in items], [0] * len(items), counts])
+            digests = step_digests(self.states, upload(host, logits.device), table, logits)
+        lanes, checks = digests
+        batch.sampled[:, 1].index_copy_(0, rows, checks)
+        lanes = lanes.clone()  # a graph's outputs are its own: its next replay overwrites them
+        self.states.count_hashed(lengths)
+        done = DeviceDigest.event_now()
+        state, read = lanes[0], lanes[1]
+        return ([DeviceDigest(state, done, r) for r in range(len(items))],
+                [(DeviceDigest(read, done, r), DigestEquals(read, self._staged_digest(it.pages), done, r))
+                 for r, it in enumerate(items)])
 
     def _report_writes(self, batch: int, it: BatchItem, written, wrote_track: bool, read) -> None:
         """Device-side ledger rows: the checksum ``written`` of what this forward left in the live slot, of the
@@ -217,18 +248,12 @@ class ModelRunner:
                                  staged_checksum=self._staged_digest(it.pages), match=match)
 
     def _table_reads(self, items: list[BatchItem], table: torch.Tensor) -> list[tuple | None]:
-        """Per item, the (checksum, match) of the page-table row a decode step read (``table`` row r, cut to
-        the item's pages) against its staged pages; None for a prefill item. One launch for all rows on CUDA."""
-        lengths = [len(it.pages) for it in items]
-        if not table.is_cuda:
-            return [None if it.tokens is not None else
-                    (slot_checksum(row[:n]), bool(torch.equal(row[:n], torch.tensor(it.pages, dtype=torch.int32))))
-                    for it, row, n in zip(items, table, lengths)]
-        lanes = rows_lanes(table, upload(torch.tensor(lengths, dtype=torch.int32), table.device))
-        done = DeviceDigest.event_now()
-        return [None if it.tokens is not None else  # match: the read row's digest is the staged pages' one
-                (DeviceDigest(lanes, done, r), DigestEquals(lanes, self._staged_digest(it.pages), done, r))
-                for r, it in enumerate(items)]
+        """Per item, the (checksum, match) of the page-table row a decode step read (host ``table`` row r, cut to
+        the item's pages) against its staged pages; None for a prefill item. (On CUDA: ``step_digests``.)"""
+        return [None if it.tokens is not None else
+                (slot_checksum(row[: len(it.pages)]),
+                 bool(torch.equal(row[: len(it.pages)], torch.tensor(it.pages, dtype=torch.int32))))
+                for it, row in zip(items, table)]
 
     def _staged_digest(self, pages: tuple[int, ...]) -> int:
         """The checksum of a staged page table (a host computation, remembered: a sequence's pages change
@@ -270,6 +295,18 @@ _CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor elemen
 
 
 _STAGED_DIGESTS = 4096  # staged page tables whose checksums the runner remembers
+
+
+def step_digests(states: StateStorage, inputs: torch.Tensor, table: torch.Tensor, logits: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slot ledger's digests of a decode step on CUDA, device work alone (``DecodeGraphs(after=)`` captures it
+    with the step): lanes [2, B, 2] int64 of each sequence's state after the step (``StateStorage.slot_bytes`` at
+    position + 1) and of the page-table row the step read (``table`` row b cut to the sequence's page count), and
+    the logits' checks [B]. ``inputs``: the step's [4, B] long (slots, positions, -, page counts)."""
+    slots, positions, counts = inputs[0], inputs[1], inputs[3]
+    state = states.device_lanes(slots.to(torch.int32), ((positions + 1) % SNAPSHOT_ALIGN).to(torch.int32))
+    read = rows_lanes(table, counts.to(torch.int32))
+    return torch.stack([state, read]), _logits_checks(logits)
 
 
 def _logits_checks(logits: torch.Tensor) -> torch.Tensor:

@@ -91,7 +91,7 @@ class StateStorage:
     def checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
         """``checksum`` of each (slot, length): ints, or on CUDA ``DeviceDigest``s of the same bytes computed
         together, one launch for all the slots (no copy of a slot, no sync)."""
-        self.hashed_bytes += sum(self.nbytes(n) for n in lengths)
+        self.count_hashed(lengths)
         if not self.conv.is_cuda:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
         lanes = self.lanes(slots, lengths)
@@ -101,12 +101,22 @@ class StateStorage:
     def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
         """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes, on the pools' device: one
         upload of the indices, one launch over the three pools (``state_lanes``), no sync."""
-        from mini_engine.ops.checksum.triton import state_lanes
-
         index = upload(torch.tensor([slots, [n % SNAPSHOT_ALIGN for n in lengths]], dtype=torch.int32),
                        self.conv.device)
-        return state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, slots=index[0], rows=index[1],
+        return self.device_lanes(index[0], index[1])
+
+    def device_lanes(self, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``lanes`` of slots and pending-row counts already on the device (int32 [n] each): launches alone, so a
+        CUDA graph can replay them (the decode step's ledger digests, ``DecodeGraphs(after=)``). The caller counts
+        the bytes (``count_hashed``)."""
+        from mini_engine.ops.checksum.triton import state_lanes
+
+        return state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, slots=slots, rows=rows,
                            layouts=self._layouts)
+
+    def count_hashed(self, lengths: list[int]) -> None:
+        """Add the bytes of states of ``lengths`` tokens to ``hashed_bytes`` (what the ledger's checksums read)."""
+        self.hashed_bytes += sum(self.nbytes(n) for n in lengths)
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The conv, rec and pending rows of a state of ``length`` tokens in ``slot``, as views of the pools (no

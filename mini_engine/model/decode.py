@@ -35,6 +35,7 @@ graph launch on the host instead of hundreds of kernel launches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -46,6 +47,7 @@ from mini_engine.ops import invariant as inv
 from mini_engine.ops import pdl
 from mini_engine.ops.decode_rows import gemm as gemm_ops
 from mini_engine.ops.decode_rows import triton as row_ops
+from mini_engine.ops.decode_rows import tuned as tuned_gemms
 from mini_engine.ops.decode_rows.gdn_step import gdn_step
 from mini_engine.ops.decode_rows.prologue import decode_prologue
 
@@ -115,15 +117,21 @@ class DecodeModel:
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
         self._gemms: dict[int, gemm_ops.GemmConfig] = {}  # id(weight) -> its Triton gemm; absent: inv.linear
-        for weight in self._projections():
+        for weight in self.projections():
             if gemm == "cublas" or weight.dtype not in (torch.float16, torch.bfloat16):
                 continue
-            config = gemm_ops.configs(*weight.shape)[0] if gemm == "triton" else (
-                gemm_ops.choose(weight) if weight.is_cuda else None)
+            if gemm == "triton":
+                config = gemm_ops.configs(*weight.shape)[0]
+            elif gemm == "tuned":
+                config = tuned_gemms.tuned(weight)
+            else:
+                config = gemm_ops.choose(weight) if weight.is_cuda else None
             if config is not None:
                 self._gemms[id(weight)] = config
 
-    def _projections(self) -> list[torch.Tensor]:
+    def projections(self) -> list[torch.Tensor]:
+        """Every weight the step multiplies: the head, then per layer its fused input projection, its mixer's output
+        projection, the MLP's fused gate | up and its down projection."""
         out = [self.model.head_weight]
         for layer, weights in zip(self.model.model.layers, self.layers):
             mixer = layer.linear_attn.out_proj if layer.layer_type == LINEAR else layer.self_attn.o_proj
@@ -133,7 +141,7 @@ class DecodeModel:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
         """A projection of the step's padded rows (``rows`` live): ``inv.linear`` (cuBLAS in 64-row tiles), or
         the Triton decode gemm chosen for this weight at construction (``gemm``: "triton" for every 16-bit
-        weight, "auto" where it timed faster on the device). The choice is per weight, never per batch, so a
+        weight, "auto" where it timed faster on the device, "tuned" where the packaged table says it did). The choice is per weight, never per batch, so a
         row's bits do not depend on the batch."""
         config = self._gemms.get(id(weight))
         if config is None:
@@ -218,10 +226,18 @@ class DecodeGraphs:
     copies its inputs, page table and tokens into the graph's static buffers and replays it.
 
     A replay reads and writes the pools like the eager step and reads the page-table rows when the copy
-    runs (stale ones included). ``max_graphs`` bounds the sizes kept; further sizes run eagerly."""
+    runs (stale ones included). ``max_graphs`` bounds the sizes kept; further sizes run eagerly.
 
-    def __init__(self, model: DecodeModel, pools: Pools, next_token: torch.Tensor, *, max_graphs: int = 16) -> None:
+    ``after(inputs, page_table, logits)``: more device work run with each step and captured in its graph (the
+    ledger's digests of what the step wrote and read: ``runner.ModelRunner``), returning a tuple of tensors.
+    ``inputs`` is the step's uploaded ``[4, B]`` long tensor: ``step_inputs``' three rows and a fourth, the
+    ``extra`` ints each call passes; ``page_table`` the rows the step read. Graph-capturable like the step."""
+
+    def __init__(self, model: DecodeModel, pools: Pools, next_token: torch.Tensor, *, max_graphs: int = 16,
+                 after: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+                 ) -> None:
         self.model, self.pools, self.next_token, self.max_graphs = model, pools, next_token, max_graphs
+        self.after = after
         self._graphs: dict[int, tuple] = {}
         self._seen: set[int] = set()
         self._pool = None
@@ -232,36 +248,47 @@ class DecodeGraphs:
         return sorted(self._graphs)
 
     @torch.no_grad()
-    def __call__(self, slots: list[int], positions: list[int], page_table: torch.Tensor) -> torch.Tensor:
-        """Logits [B, vocab] of one step (a static buffer when replayed: read it before the next step of B)."""
+    def __call__(self, slots: list[int], positions: list[int], page_table: torch.Tensor,
+                 extra: list[int] | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Logits [B, vocab] of one step and ``after``'s outputs (``()`` without it; static buffers when replayed:
+        read them before the next step of B). ``extra``: B ints for ``after`` (required with it)."""
         n = len(slots)
         host = step_inputs(slots, positions)
+        if self.after is not None:
+            if extra is None or len(extra) != n:
+                raise ValueError(f"DecodeGraphs(after=...) needs one extra int per sequence; got {extra!r} for {n}")
+            host = torch.cat([host, torch.tensor([extra], dtype=torch.long)])
         _check_width(positions, page_table, self.pools.keys.shape[2])
         inputs = upload(host, self.next_token.device)
         if n in self._graphs:
-            graph, static_inputs, static_table, logits = self._graphs[n]
+            graph, static_inputs, static_table, outputs = self._graphs[n]
             static_inputs.copy_(inputs)
             static_table.copy_(page_table)
             graph.replay()
             self.replays += 1
-            return logits
+            return outputs
         if n in self._seen and len(self._graphs) < self.max_graphs:
             return self._capture(n, inputs, page_table)
         self._seen.add(n)
-        return _decode(self.model, self.pools, self.next_token, inputs, page_table, by_slot=True)
+        return self._step(inputs, page_table)
 
-    def _capture(self, n: int, inputs: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    def _step(self, inputs: torch.Tensor, page_table: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        logits = _decode(self.model, self.pools, self.next_token, inputs[:3], page_table, by_slot=True)
+        return logits, (() if self.after is None else tuple(self.after(inputs, page_table, logits)))
+
+    def _capture(self, n: int, inputs: torch.Tensor, page_table: torch.Tensor
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         static_inputs, static_table = inputs.clone(), page_table.clone()
         graph = torch.cuda.CUDAGraph()
         torch.cuda.current_stream().synchronize()  # capture runs on a side stream: the inputs must be there
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            logits = _decode(self.model, self.pools, self.next_token, static_inputs, static_table, by_slot=True)
+            outputs = self._step(static_inputs, static_table)
         self._pool = graph.pool()
-        self._graphs[n] = (graph, static_inputs, static_table, logits)
+        self._graphs[n] = (graph, static_inputs, static_table, outputs)
         self.captures += 1
         graph.replay()  # capturing ran nothing: this is the step
         self.replays += 1
-        return logits
+        return outputs
 
 
 def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,

@@ -56,7 +56,7 @@ def test_triton_decode_writes_decode_crossed_snapshots(runs):
     assert any(r["type"] == "restore" and r.get("position") == 64 for r in rows)
 
 
-@pytest.mark.parametrize(("name", "allowed"), [("decode_gemm", "'cublas', 'triton', 'auto'"),
+@pytest.mark.parametrize(("name", "allowed"), [("decode_gemm", "'cublas', 'triton', 'auto', 'tuned'"),
                                                ("decode_gdn", "'split', 'fused'")])
 def test_config_names_the_decode_variants(name, allowed):
     with pytest.raises(ValueError, match=f"EngineConfig.{name}='fast'; allowed: \\({allowed}\\)"):
@@ -70,6 +70,14 @@ def test_config_refuses_dependent_launches_off_the_gpu():
         with pytest.raises(ValueError, match="EngineConfig.decode_pdl=True .* needs device='cuda' and "
                                              "decode_kernels 'triton' or 'auto'"):
             EngineConfig(decode_pdl=True, **options)
+
+
+def test_dependent_launches_are_on_by_default_only_where_the_device_has_them(tiny_model):
+    """decode_pdl=None (the default): on a Hopper GPU the decode step's kernels are dependent launches; off the GPU
+    (the interpreter here) they are plain, and the engine says so rather than failing."""
+    engine = Engine(EngineConfig(decode_kernels="triton"), model=tiny_model)
+    assert EngineConfig().decode_pdl is None and EngineConfig().decode_gemm == "tuned"
+    assert engine.runner.decode_model.pdl is False
 
 
 @pytest.mark.parametrize("name", ["decode_kernels", "prefill_kernels"])

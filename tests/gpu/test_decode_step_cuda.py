@@ -56,7 +56,7 @@ def test_graph_replays_give_the_eager_steps_bits(dtype, gemm, dependent):
         tokens = torch.randint(0, model.config.vocab_size, (len(slots),), generator=gen).cuda()
         want = decode_step(fused, eager, tokens, slots, positions, table)
         states.next_token[torch.tensor(slots, device="cuda")] = tokens
-        got = runner(slots, positions, table)
+        got, _ = runner(slots, positions, table)
         assert torch.equal(got, want), f"step {step}"
     assert (runner.captures, runner.replays) == (1, steps - 1)
     for name, a, b in zip(Pools._fields, graphed, eager):
@@ -67,10 +67,17 @@ def test_the_running_copy_gives_the_replays_bits_on_the_gpu():
     spec.check_running_copy(build_builtin("tiny-random").cuda(), CudaDevice(), steps=4)
 
 
+def test_the_ledgers_step_digests_replay_with_the_step_on_the_gpu():
+    """Three steps (eager, captured, replayed) with the ledger's digests in the step's graph: each step's digests
+    are the reference digests of the bytes that step left and read."""
+    spec.check_step_digests(build_builtin("tiny-random").cuda(), CudaDevice(), steps=3)
+
+
 def test_the_triton_gemm_matches_cublas_and_keeps_a_rows_bits():
     """bfloat16 projections through the Triton decode gemm (``DecodeModel(gemm="triton")``, and per weight where
-    it timed faster, ``"auto"``): the step's logits within bf16 rounding of the cuBLAS step's, and a sequence's
-    bits the same alone as in the batch."""
+    it timed faster, ``"auto"``, or where the packaged table says it did on this GPU model, ``"tuned"``): the
+    step's logits within bf16 rounding of the cuBLAS step's, and a sequence's bits the same alone as in the
+    batch."""
     import torch
 
     from mini_engine.ops.decode_rows import gemm
@@ -78,12 +85,30 @@ def test_the_triton_gemm_matches_cublas_and_keeps_a_rows_bits():
 
     model = build_builtin("tiny-random").cuda().cast_projections(torch.bfloat16)
     cublas = spec.build(model, CudaDevice())
-    for mode in ("triton", "auto"):
+    for mode in ("triton", "auto", "tuned"):
         got = spec.build(model, CudaDevice(), gemm=mode)
         assert relative_error(got[4], cublas[4]) <= 2e-2, mode
         assert torch.equal(got[6][0], got[4][spec.ALONE]), mode
     weight = model.model.layers[0].mlp.down_proj.weight
     assert gemm.choose(weight) in (None, *gemm.configs(*weight.shape))
+
+
+def test_the_tuned_table_is_read_by_this_gpus_name():
+    """Each weight the packaged table lists for this GPU model gets the table's choice on this device (the name
+    ``scripts/tune_decode_gemms.py`` recorded is the one the engine looks up)."""
+    import torch
+
+    from mini_engine.ops.decode_rows import gemm, tuned
+
+    name = torch.cuda.get_device_name()
+    entries = tuned.load().get(name)
+    if not entries:
+        pytest.skip(f"the package's table has no choices for {name!r} (scripts/tune_decode_gemms.py writes them)")
+    for key, entry in entries.items():
+        dtype, shape = key.split(" ")
+        weight = torch.zeros(*map(int, shape.split("x")), dtype=getattr(torch, dtype), device="cuda")
+        want = None if entry["config"] is None else gemm.GemmConfig(**entry["config"])
+        assert tuned.tuned(weight) == (want if want is None or tuned.launchable(want) else None), key
 
 
 def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():

@@ -112,6 +112,42 @@ def _prefilled(model, device, steps: int) -> tuple[StateStorage, Pools, torch.Te
     return states, Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows), table
 
 
+def check_step_digests(model, device, steps: int) -> None:
+    """``DecodeGraphs(after=runner.step_digests)``, the slot ledger's digests of each decode step computed with it
+    (on a GPU captured in its graph and replayed): at every step the digests of the state each slot was left with,
+    of the page-table row the step read cut to the sequence's page count, and the logits' checks equal the
+    reference digests of those bytes. ``after`` gets the step's inputs with the page counts as a fourth row, and a
+    call without them is refused before anything runs."""
+    from mini_engine.engine.runner import _CHECK_MASK, step_digests
+    from mini_engine.model.decode import DecodeGraphs
+    from mini_engine.ops.checksum import slot_checksum
+    from mini_engine.ops.checksum.triton import digests
+
+    states, pools, table = _prefilled(model, device, steps)
+    counts = [int(row.count_nonzero()) for row in table.cpu()]  # the pages are 1 + b + 6 i: never 0
+    assert len(set(counts)) > 1 and min(counts) < table.shape[1], "rows cut at different widths"
+    seen = []
+
+    def after(inputs, page_table, logits):
+        seen.append(inputs[3])
+        return step_digests(states, inputs, page_table, logits)
+
+    graphs = DecodeGraphs(DecodeModel(model), pools, states.next_token, after=after)
+    with pytest.raises(ValueError, match="needs one extra int per sequence"):
+        graphs(list(SLOTS), list(LENGTHS), table)
+    for step in range(steps):
+        positions = [n + step for n in LENGTHS]
+        logits, (lanes, checks) = graphs(list(SLOTS), positions, table, counts)
+        assert digests(lanes[0]) == [slot_checksum(states.slot_bytes(s, n + 1).cpu()) for s, n in zip(SLOTS, positions)]
+        assert digests(lanes[1]) == [slot_checksum(row[:c]) for row, c in zip(table.cpu(), counts)]
+        assert checks.tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()], step
+    assert seen and all(s.tolist() == counts for s in seen), "the page counts as the fourth row"
+
+
+def test_the_ledgers_step_digests_are_the_reference_digests(tiny_model):
+    check_step_digests(tiny_model, SimDevice(), steps=1)
+
+
 def check_running_copy(model, device, steps: int = 2) -> None:
     """``steps`` decode steps on pools with the running copy against the same steps replaying every time:
     the same logits and pools bit for bit; the memo counts the rows it follows (-1 once a chunk completes);
@@ -192,8 +228,8 @@ def test_a_step_reading_its_tokens_from_the_slot_pool_gets_the_same_bits(setup, 
     fused = DecodeModel(tiny_model)
     given, pooled = (Pools(*(t.clone() for t in before)) for _ in range(2))
     want = decode_step(fused, given, pool[list(SLOTS)], list(SLOTS), list(LENGTHS), table)
-    got = DecodeGraphs(fused, pooled, pool)(list(SLOTS), list(LENGTHS), table)
-    assert torch.equal(got, want)
+    got, extras = DecodeGraphs(fused, pooled, pool)(list(SLOTS), list(LENGTHS), table)
+    assert torch.equal(got, want) and extras == ()
     for name, a, b in zip(Pools._fields, pooled[:5], given[:5]):
         assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink
     with pytest.raises(ValueError, match="page table has 1 columns"):

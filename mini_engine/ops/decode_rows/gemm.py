@@ -19,7 +19,8 @@ Which is faster depends on the weight's shape and the device, so ``choose`` time
 Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
 the fastest. The choice is made once
 per weight and kept: every row of every batch then goes through the same arithmetic, so a row's bits
-still never depend on the batch.
+still never depend on the batch. Timings vary between processes, and so may the choice: ``decode_rows.tuned``
+keeps choices measured ahead of time per GPU model, the same in every process.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import triton.language as tl
 from mini_engine.ops import invariant as inv
 from mini_engine.ops import pdl
 
-__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2"]
+__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2", "rank"]
 
 BLOCK_M = 16  # rows per program, fixed whatever the batch
 
@@ -242,16 +243,23 @@ _CHOSEN: dict[tuple, GemmConfig | None] = {}  # (shape, dtype, device) -> choice
 
 
 def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15) -> GemmConfig | None:
-    """The fastest way to run ``weight`` in a decode step on its CUDA device: a ``GemmConfig`` for ``linear``,
-    or None for ``inv.linear`` (cuBLAS). Each candidate runs as a step runs it: on ``batches`` live rows of a
-    padded 64-row input, one gemm after another in a CUDA graph, each on its own copy of the weight (copies past
-    the L2's size, so the weight comes from memory), timed per gemm (``graph_microseconds``) and ranked by the
-    sum over ``batches``. Timed alone between two events, a gemm of a few microseconds carries the events' own
-    and is overstated unevenly between candidates. TMA candidates only where the device has TMA (sm_90 on).
-    Weights of one shape, dtype and device share one choice, kept for the process."""
+    """The fastest way to run ``weight`` in a decode step on its CUDA device (``rank``'s first): a ``GemmConfig``
+    for ``linear``, or None for ``inv.linear`` (cuBLAS). Weights of one shape, dtype and device share one choice,
+    kept for the process."""
     key = (tuple(weight.shape), weight.dtype, weight.device)
-    if key in _CHOSEN:
-        return _CHOSEN[key]
+    if key not in _CHOSEN:
+        _CHOSEN[key] = rank(weight, batches=batches, repeats=repeats)[0][0]
+    return _CHOSEN[key]
+
+
+def rank(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15
+         ) -> list[tuple[GemmConfig | None, float]]:
+    """Every candidate for ``weight`` (None: cuBLAS, then ``configs``) with its microseconds, fastest first. Each
+    runs as a step runs it: on ``batches`` live rows of a padded 64-row input, one gemm after another in a CUDA
+    graph, each on its own copy of the weight (copies past the L2's size, so the weight comes from memory), timed
+    per gemm (``graph_microseconds``) and summed over ``batches``. Timed alone between two events, a gemm of a few
+    microseconds carries the events' own and is overstated unevenly between candidates. TMA and dependent-launch
+    candidates only where the device has them (sm_90 on)."""
     inputs = {b: torch.zeros(inv.ROW_TILE, weight.shape[1], dtype=weight.dtype, device=weight.device) for b in batches}
     for b, x in inputs.items():
         x[:b].normal_()
@@ -269,8 +277,7 @@ def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats:
 
     hopper = torch.cuda.get_device_capability(weight.device) >= (9, 0)  # TMA descriptors need sm_90 or later
     candidates = [c for c in configs(*weight.shape) if hopper or not (c.tma or c.pdl)]
-    _CHOSEN[key] = min([None, *candidates], key=microseconds)
-    return _CHOSEN[key]
+    return sorted(((config, microseconds(config)) for config in [None, *candidates]), key=lambda pair: pair[1])
 
 
 def past_l2(weight: torch.Tensor) -> int:

@@ -1,0 +1,102 @@
+"""The decode gemm's choices measured ahead of time, per GPU model: ``decode_gemm="tuned"``.
+
+``gemm.choose`` (``decode_gemm="auto"``) times the candidates on the device at the engine's start: 1-6 s, and
+its choice follows that moment's timings, so two processes may choose differently for one weight, and a row's
+bits differ with the gemm that computed them (a replay in a new process would not be exact). The table here is
+the same timing done once (``scripts/tune_decode_gemms.py`` on the GPU), kept in the package
+(``tuned_gemms.json``) and looked up by the device's name, the weight's dtype and its shape: the same choice in
+every process on that GPU model, at no cost at start. A weight the table does not list, a GPU it does not name,
+or a choice this triton cannot launch (TMA, dependent launches) goes to cuBLAS (``inv.linear``), the
+``"cublas"`` default.
+
+An entry (``record``) keeps its evidence: the chosen configuration, or ``null`` for cuBLAS, the microseconds
+``choose`` measured for it and for cuBLAS, and the triton and torch it was measured with.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mini_engine.ops import pdl
+from mini_engine.ops.decode_rows.gemm import GemmConfig
+
+__all__ = ["TABLE", "entry_key", "launchable", "load", "lookup", "record", "tuned"]
+
+TABLE = Path(__file__).with_name("tuned_gemms.json")
+
+
+def entry_key(dtype: torch.dtype, shape: tuple[int, int]) -> str:
+    """The table's key of a weight: its dtype and [N, K], e.g. ``"bfloat16 6144x1024"``."""
+    return f"{str(dtype).removeprefix('torch.')} {shape[0]}x{shape[1]}"
+
+
+def load(path: str | Path = TABLE) -> dict[str, dict[str, dict[str, Any]]]:
+    """The table: device name -> weight key -> entry. A missing file is an empty table; a malformed one raises
+    ValueError naming the file (a table nobody can read must not quietly fall back)."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        table = json.loads(path.read_text())
+        for entries in table.values():
+            for entry in entries.values():
+                if entry["config"] is not None:
+                    GemmConfig(**entry["config"])
+    except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a decode gemm table ({type(err).__name__}: {err}); rewrite it with "
+                         "scripts/tune_decode_gemms.py") from None
+    return table
+
+
+@cache
+def _packaged() -> dict[str, dict[str, dict[str, Any]]]:
+    return load(TABLE)
+
+
+def launchable(config: GemmConfig) -> bool:
+    """Whether this triton can launch ``config``: a dependent launch needs ``pdl.available()``, a TMA tile the
+    tensor descriptors of triton 3.4 on."""
+    if config.pdl and not pdl.available():
+        return False
+    if config.tma:
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+def lookup(table: dict, device_name: str, dtype: torch.dtype, shape: tuple[int, int]) -> GemmConfig | None:
+    """The table's choice for a weight, or None (cuBLAS): also for an unlisted device or weight, and for a choice
+    this triton cannot launch."""
+    entry = table.get(device_name, {}).get(entry_key(dtype, shape))
+    if entry is None or entry["config"] is None:
+        return None
+    config = GemmConfig(**entry["config"])
+    return config if launchable(config) else None
+
+
+def tuned(weight: torch.Tensor) -> GemmConfig | None:
+    """The packaged table's choice for ``weight`` on its CUDA device (None: cuBLAS)."""
+    if not weight.is_cuda:
+        return None
+    return lookup(_packaged(), torch.cuda.get_device_name(weight.device), weight.dtype, tuple(weight.shape))
+
+
+def record(table: dict, device_name: str, weight: torch.Tensor, ranking: list[tuple[GemmConfig | None, float]]
+           ) -> dict[str, Any]:
+    """Put ``ranking``'s winner (``gemm.rank``: candidates with their microseconds, fastest first) in ``table``
+    for ``weight`` on ``device_name``; returns the entry."""
+    import triton
+
+    best, microseconds = ranking[0]
+    cublas = next(us for config, us in ranking if config is None)
+    entry = {"config": None if best is None else best._asdict(), "us": round(microseconds, 2),
+             "cublas_us": round(cublas, 2), "triton": triton.__version__, "torch": torch.__version__}
+    table.setdefault(device_name, {})[entry_key(weight.dtype, tuple(weight.shape))] = entry
+    return entry

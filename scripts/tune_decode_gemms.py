@@ -1,0 +1,76 @@
+"""Measure the decode gemm's choices on this GPU and write them to the table ``decode_gemm="tuned"`` reads.
+
+For each model and dtype, every weight the Triton decode step multiplies (its fused projections and the head,
+as ``DecodeModel`` builds them) is ranked by ``gemm.rank`` (cuBLAS and the Triton configurations, timed in a
+CUDA graph as a step runs them), and the fastest goes into the table under this GPU's name
+(``torch.cuda.get_device_name``), merged with what the table already holds for other GPUs. The models are
+built with random weights on the GPU: only their shapes matter. Prints one line per weight.
+
+    python scripts/tune_decode_gemms.py [--models NAME ...] [--vocab N ...] [--dtypes bfloat16 float16]
+                                        [--out FILE]   (default: the package's table, mini_engine/ops/decode_rows)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mini_engine.model import HybridModel
+from mini_engine.model.builtin import (
+    BUILTIN_MODELS,
+    QWEN35_08B,
+    QWEN35_VOCAB,
+    builtin_config,
+)
+from mini_engine.model.decode import DecodeModel
+from mini_engine.ops.decode_rows import gemm, tuned
+
+
+def weights(name: str, vocab: int | None, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The decode step's 16-bit weights of the built-in model ``name`` (with ``vocab`` ids), on the GPU."""
+    config = builtin_config(name)
+    if vocab is not None:
+        config = dataclasses.replace(config, vocab_size=vocab)
+    model = HybridModel(config).eval().cuda().cast_projections(dtype)
+    return DecodeModel(model).projections()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=sorted(BUILTIN_MODELS), default=["tiny-random", QWEN35_08B])
+    parser.add_argument("--vocab", type=int, nargs="*", default=[QWEN35_VOCAB],
+                        help=f"also {QWEN35_08B}'s head at these vocabularies (default: Qwen3.5's, {QWEN35_VOCAB})")
+    parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=["bfloat16", "float16"])
+    parser.add_argument("--out", type=Path, default=tuned.TABLE)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU: the table holds timings measured on one")
+    device = torch.cuda.get_device_name()
+    table = tuned.load(args.out)
+    done = set()
+    builds = [(name, None) for name in args.models] + [(QWEN35_08B, v) for v in args.vocab]
+    print(f"{device}: weight, choice, its us (batches 1 + 32), cuBLAS's us")
+    for dtype in (getattr(torch, d) for d in args.dtypes):
+        for name, vocab in builds:
+            for weight in weights(name, vocab, dtype):
+                key = tuned.entry_key(weight.dtype, tuple(weight.shape))
+                if key in done:
+                    continue
+                done.add(key)
+                entry = tuned.record(table, device, weight, gemm.rank(weight))
+                print(f"  {key:<24} {json.dumps(entry['config']):<110} {entry['us']:>9.2f} {entry['cublas_us']:>9.2f}",
+                      flush=True)
+            torch.cuda.empty_cache()
+    args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

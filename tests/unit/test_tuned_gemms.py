@@ -1,0 +1,76 @@
+"""``decode_gemm="tuned"``: the decode gemm's choices measured ahead of time per GPU model (``decode_rows.tuned``).
+
+The lookup, the table's format and its refusals are checked here; the packaged table's own choices against
+cuBLAS on the GPU they were measured on: ``tests/gpu/test_decode_step_cuda.py``."""
+
+import json
+
+import pytest
+import torch
+
+from mini_engine.ops import pdl
+from mini_engine.ops.decode_rows import gemm, tuned
+
+H100 = "NVIDIA H100 80GB HBM3"
+SWAPPED = gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True)
+
+
+def test_a_weight_is_keyed_by_its_dtype_and_shape():
+    assert tuned.entry_key(torch.bfloat16, (6144, 1024)) == "bfloat16 6144x1024"
+    assert tuned.entry_key(torch.float16, (1024, 3584)) == "float16 1024x3584"
+
+
+def test_recording_keeps_the_winner_and_its_evidence():
+    table = {}
+    weight = torch.zeros(4096, 1024, dtype=torch.bfloat16)
+    ranking = [(SWAPPED, 20.5), (None, 24.25), (gemm.GemmConfig(32, 256), 30.0)]
+    entry = tuned.record(table, H100, weight, ranking)
+    assert entry["config"] == SWAPPED._asdict() and entry["us"] == 20.5 and entry["cublas_us"] == 24.25
+    assert entry["triton"] and entry["torch"], "what it was measured with"
+    assert table == {H100: {"bfloat16 4096x1024": entry}}
+    assert tuned.lookup(table, H100, torch.bfloat16, (4096, 1024)) == (SWAPPED if pdl.available() else None)
+    tuned.record(table, H100, weight, [(None, 19.0), (SWAPPED, 20.5)])  # re-measured: cuBLAS won this time
+    assert table[H100]["bfloat16 4096x1024"]["config"] is None
+    assert tuned.lookup(table, H100, torch.bfloat16, (4096, 1024)) is None, "None: cuBLAS"
+
+
+def test_what_the_table_does_not_list_goes_to_cublas():
+    table = {H100: {"bfloat16 4096x1024": {"config": SWAPPED._asdict()}}}
+    assert tuned.lookup(table, "NVIDIA H200", torch.bfloat16, (4096, 1024)) is None, "another GPU"
+    assert tuned.lookup(table, H100, torch.float16, (4096, 1024)) is None, "another dtype"
+    assert tuned.lookup(table, H100, torch.bfloat16, (1024, 4096)) is None, "another shape"
+    assert tuned.tuned(torch.zeros(4096, 1024, dtype=torch.bfloat16)) is None, "a CPU weight"
+
+
+def test_a_choice_this_triton_cannot_launch_goes_to_cublas(monkeypatch):
+    table = {H100: {"bfloat16 4096x1024": {"config": SWAPPED._asdict()}}}
+    assert tuned.lookup(table, H100, torch.bfloat16, (4096, 1024)) == SWAPPED
+    monkeypatch.setattr(pdl, "available", lambda: False)  # a triton before 3.4: no dependent launches
+    assert tuned.lookup(table, H100, torch.bfloat16, (4096, 1024)) is None
+    plain = SWAPPED._replace(pdl=False)
+    table[H100]["bfloat16 4096x1024"]["config"] = plain._asdict()
+    assert tuned.lookup(table, H100, torch.bfloat16, (4096, 1024)) == plain
+
+
+def test_a_missing_table_is_empty_and_a_malformed_one_is_refused(tmp_path):
+    assert tuned.load(tmp_path / "absent.json") == {}
+    bad = tmp_path / "table.json"
+    for text in ("{not json", json.dumps({H100: {"bfloat16 8x8": {"config": {"block_n": 64, "colour": 1}}}}),
+                 json.dumps({H100: {"bfloat16 8x8": {"us": 3.0}}}), json.dumps([1, 2])):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=f"{bad}: not a decode gemm table .* scripts/tune_decode_gemms.py"):
+            tuned.load(bad)
+
+
+def test_the_packaged_table_holds_only_todays_candidates():
+    """Every choice in the package's table is one ``gemm.configs`` still offers for its shape (a table written for
+    an older candidate list would launch a configuration nobody tests any more), with its timings beside it."""
+    table = tuned.load()
+    for device, entries in table.items():
+        for key, entry in entries.items():
+            dtype, shape = key.split(" ")
+            n_out, n_in = map(int, shape.split("x"))
+            assert dtype in ("bfloat16", "float16"), (device, key)
+            assert entry["us"] > 0 and entry["cublas_us"] >= entry["us"], (device, key, entry)
+            if entry["config"] is not None:
+                assert gemm.GemmConfig(**entry["config"]) in gemm.configs(n_out, n_in), (device, key)
