@@ -63,7 +63,7 @@ class Instrumentation:
         self._seq = 0
         # rows waiting for their own or an earlier row's device values, each with the keys of its own (none: only
         # behind another)
-        self._queue: list[tuple[dict[str, Any], tuple[str, ...]]] = []
+        self._queue: list[tuple[dict[str, Any], list[str]]] = []
         self._timer = _HostTimer()  # host time inside emit, flush and timing() (nested uses counted once)
 
     @property
@@ -88,10 +88,10 @@ class Instrumentation:
     def emit(self, type_: str, **fields: Any) -> None:
         if self.sink is None:
             return
-        with self.timing():
+        with self._timer:
             self._seq += 1
             row = {"type": type_, "step": self.step, "seq": self._seq, **fields}
-            deferred = tuple(k for k, v in fields.items() if isinstance(v, Deferred))
+            deferred = [k for k, v in fields.items() if isinstance(v, Deferred)]
             if self._queue or deferred:
                 self._queue.append((row, deferred))  # behind a row that waits: the sink sees rows in seq order
             else:
@@ -111,28 +111,31 @@ class Instrumentation:
 
     def _flush(self) -> None:
         landed: dict[object, bool] = {}  # a landing asked once per flush (a batch's digests share one event)
-
-        def ready(v: Deferred) -> bool:
-            key = v.landing()
-            if key not in landed:
-                landed[key] = v.ready()
-            return landed[key]
-
         ready_rows = 0
         for row, keys in self._queue:
-            if not all(ready(row[k]) for k in keys):
-                break
-            ready_rows += 1
+            for k in keys:
+                key = row[k].landing()
+                ok = landed.get(key)
+                if ok is None:
+                    ok = landed[key] = row[k].ready()
+                if not ok:
+                    break
+            else:
+                ready_rows += 1
+                continue
+            break
         rows, self._queue = self._queue[:ready_rows], self._queue[ready_rows:]
         # read back together: the values of every kind that shares a ``resolve_all`` (a subclass that only
         # ``finish``es differently), one call for them all
-        by_kind: dict[Any, tuple[type, list[tuple[dict[str, Any], str]]]] = {}  # resolve_all -> (a kind, places)
+        places: dict[type, list[tuple[dict[str, Any], str]]] = {}  # a kind -> where its values are
         for row, keys in rows:
             for key in keys:
-                kind = type(row[key])
-                by_kind.setdefault(kind.resolve_all.__func__, (kind, []))[1].append((row, key))
-        for kind, places in by_kind.values():
-            for (row, key), value in zip(places, kind.resolve_all([row[key] for row, key in places])):
+                places.setdefault(type(row[key]), []).append((row, key))
+        by_resolve: dict[Any, tuple[type, list[tuple[dict[str, Any], str]]]] = {}  # resolve_all -> (a kind, places)
+        for kind, where in places.items():
+            by_resolve.setdefault(kind.resolve_all.__func__, (kind, []))[1].extend(where)
+        for kind, where in by_resolve.values():
+            for (row, key), value in zip(where, kind.resolve_all([row[key] for row, key in where])):
                 row[key] = value
         for row, _ in rows:
             self.sink(row)
