@@ -25,7 +25,8 @@ and never stop, so there every reply ends by length and nothing aliases (0 of 21
 13); ``--reply-stop :`` adds a stop that model emits.
 
 Usage: ``python benchmarks/fault_mechanisms.py [--device sim|cuda] [--requests 60] [--device-seeds 0 1]
-[--model NAME] [--dtype float32|bfloat16] [--cells NAME ...] [--reply-stop TEXT] [--out FILE]``.
+[--model NAME] [--dtype float32|bfloat16] [--cells NAME ...] [--reply-stop TEXT] [--out FILE]``. ``--reply-stop``
+reaches the cells whose patterns are ``follow-up`` alone (a plan's settings go to every pattern of it).
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ def main() -> None:
                              "a model whose replies never reach U+FFFD)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    # a plan's settings go to every pattern of it, and only follow-up takes a stop: the cells of follow-up alone
+    # (donate=transfer's; the clean cell's other patterns would refuse it)
     cells = [dataclasses.replace(cell, settings=(*cell.settings, ("stop", (*REPLY_STOP, *args.reply_stop))))
-             if args.reply_stop and "follow-up" in cell.patterns else cell for cell in select(args.cells)]
+             if args.reply_stop and set(cell.patterns) == {"follow-up"} else cell for cell in select(args.cells)]
     rows = []
     for device_seed in args.device_seeds:
         with tempfile.TemporaryDirectory() as folder:
