@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: priority | gemms | diagnose | regressions | tests | exactness | faults | engine | decode |
-#                                           prefill | kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: priority | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |
+#                                           decode | prefill | kernels
 #
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: the ledger's and the safeguards' rounds (engine's first step), the gemm configurations'
-#              GPU test, decode_gemms.py on the engine's own candidates, the engine with each weight's fastest gemm
+#              GPU test, decode_gemms.py on the engine's own candidates, the engine's defaults against cuBLAS and plain
+#              launches
+#   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
+#              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
+#              run tests to check the table on this GPU
 #   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address,
 #              by TMA descriptor, its splits summed in one launch, as programmatic dependent launches), then
 #              benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the
@@ -39,8 +43,9 @@
 #              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence). The ledger's profile is in
 #              diagnose.
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
-#              1.6 GB roofline) in bfloat16 against transformers on the same weights, the default and the fastest
-#              (decode_gemm="auto" + decode_pdl), then a batch-1 profile and timeline (gzipped) of each
+#              1.6 GB roofline) in bfloat16 against transformers on the same weights, cuBLAS with plain launches against
+#              the defaults (the tuned table's gemms, dependent launches on Hopper), then a batch-1 profile and timeline
+#              (gzipped) of each
 #   prefill    benchmarks/gpu_prefill.py (the engine's prefill and the model forward: the Triton kernels,
 #              the Triton sequence ops with the tiled reference gemm, the references; a profile) and
 #              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
@@ -53,12 +58,12 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | gemms | diagnose | regressions | tests | exactness | faults | engine | decode |" \
-            "prefill | kernels)" >&2
+    priority|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+            "decode | prefill | kernels)" >&2
        exit 2 ;;
 esac
 mkdir -p "$out"
@@ -81,8 +86,11 @@ case "$part" in
             --out "$out/engine_throughput_cuda_08b.json"
         step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
         step 150 decode_gemms python3 benchmarks/decode_gemms.py --out "$out/decode_gemms.json"
-        step 150 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto-pdl \
+        step 150 gpu_engine_auto python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype --vocab 248320 --repeats 2 --out "$out/gpu_engine_auto.json" ;;
+    tune)
+        cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
+        step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;
     gemms)
         step 100 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
         step 460 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json" ;;
@@ -121,9 +129,9 @@ case "$part" in
         step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json" ;;
     decode)
-        step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto-pdl \
+        step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype bfloat16 --vocab 248320 --out "$out/gpu_engine_qwen_vocab.json"
-        step 200 gpu_engine_profile python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-auto-pdl \
+        step 200 gpu_engine_profile python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype --batches 1 --repeats 1 --long 16 --profile "$out/gpu_engine_profile.txt" --trace \
             --profile-batch 1 --out "$out/gpu_engine_b1.json"
         gzip -f "$out"/*.trace.json ;;
