@@ -96,7 +96,8 @@ def build_engine(model_name: str | None, *, sink=None, **config):
               help="Send the same prompt this many times, one after another (the later ones hit the cache).")
 @engine_options
 def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, repeat: int, device: str, dtype: str,
-             overlap: bool, device_seed: int, decode_gemm: str, decode_pdl: bool | None, faults: tuple[str, ...]) -> None:
+             overlap: bool, device_seed: int, decode_gemm: str, decode_pdl: bool | None,
+             faults: tuple[str, ...]) -> None:
     """Greedy generation through the engine (prefix cache on), printing cached_tokens per run."""
     from mini_engine.engine import SamplingParams
 

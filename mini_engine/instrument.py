@@ -113,17 +113,9 @@ class Instrumentation:
         landed: dict[object, bool] = {}  # a landing asked once per flush (a batch's digests share one event)
         ready_rows = 0
         for row, keys in self._queue:
-            for k in keys:
-                key = row[k].landing()
-                ok = landed.get(key)
-                if ok is None:
-                    ok = landed[key] = row[k].ready()
-                if not ok:
-                    break
-            else:
-                ready_rows += 1
-                continue
-            break
+            if not _landed(row, keys, landed):
+                break
+            ready_rows += 1
         rows, self._queue = self._queue[:ready_rows], self._queue[ready_rows:]
         # read back together: the values of every kind that shares a ``resolve_all`` (a subclass that only
         # ``finish``es differently), one call for them all
@@ -139,6 +131,19 @@ class Instrumentation:
                 row[key] = value
         for row, _ in rows:
             self.sink(row)
+
+
+def _landed(row: dict[str, Any], keys: list[str], landed: dict[object, bool]) -> bool:
+    """Whether the values at ``keys`` of ``row`` have all landed; ``landed`` remembers each landing's answer (asked once
+    a flush: a batch's digests share one event)."""
+    for key in keys:
+        value = row[key]
+        ok = landed.get(value.landing())
+        if ok is None:
+            ok = landed[value.landing()] = value.ready()
+        if not ok:
+            return False
+    return True
 
 
 class _HostTimer:

@@ -141,8 +141,8 @@ class DecodeModel:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
         """A projection of the step's padded rows (``rows`` live): ``inv.linear`` (cuBLAS in 64-row tiles), or
         the Triton decode gemm chosen for this weight at construction (``gemm``: "triton" for every 16-bit
-        weight, "auto" where it timed faster on the device, "tuned" where the packaged table says it did). The choice is per weight, never per batch, so a
-        row's bits do not depend on the batch."""
+        weight, "auto" where it timed faster on the device, "tuned" where the packaged table says it did). The
+        choice is per weight, never per batch, so a row's bits do not depend on the batch."""
         config = self._gemms.get(id(weight))
         if config is None:
             return inv.linear(x, weight)
