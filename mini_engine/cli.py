@@ -68,6 +68,17 @@ def _check_device(ctx, param, value: str) -> str:
     return value
 
 
+def _check_fresh_ledger(ctx, param, value: Path | None) -> Path | None:
+    """serve --ledger: a ledger is one server's rows (their seq counts from 1), so a file that already holds rows is
+    refused rather than appended to: two servers' rows in one file would read as one stream."""
+    if value is not None and value.exists() and value.stat().st_size:
+        with value.open("rb") as handle:
+            rows = sum(1 for _ in handle)
+        raise click.BadParameter(f"{value} already holds {rows} rows (another server's ledger); give this server a new "
+                                 f"file, or remove that one", ctx=ctx, param=param)
+    return value
+
+
 def build_engine(model_name: str | None, *, sink=None, **config):
     """An engine over the named model (``sink``: where its slot ledger rows go); a bad model or setting is a click
     error naming its option."""
@@ -136,10 +147,11 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
 @click.option("--max-context", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Most tokens per request, prompt and generation together.")
 @click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              callback=_check_fresh_ledger,
               help="Write the slot ledger here, a JSON row a line (with each donation's cold reference state, a "
-                   "prefill each; appended: give each server start a file of its own): `hammer analyze RUN "
-                   "--ledger-log FILE` attributes an HTTP run from it. The responses then also carry the checks of "
-                   "the logits each token was sampled from.")
+                   "prefill each), a new or empty file: one server's rows (`hammer analyze RUN --ledger-log FILE` "
+                   "attributes an HTTP run from it). The responses then also carry the checks of the logits each "
+                   "token was sampled from.")
 def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, decode_gemm: str,
           decode_pdl: bool | None, faults: tuple[str, ...], host: str, port: int, api_key: str | None,
           served_model_name: str | None, max_running: int, num_slots: int,
@@ -147,7 +159,7 @@ def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""
     from mini_engine.server import create_app, serve as run_server
 
-    rows = None if ledger is None else ledger.open("a", encoding="utf-8", buffering=1)  # a line a row, as written
+    rows = None if ledger is None else ledger.open("w", encoding="utf-8", buffering=1)  # a line a row, as written
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
                           decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults, max_running=max_running,
                           num_slots=num_slots, num_pages=num_pages, max_context=max_context,

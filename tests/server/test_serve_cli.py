@@ -96,6 +96,20 @@ def test_serve_stops_cleanly_on_signal(sig):
         process.wait(timeout=30)
 
 
+def test_serve_refuses_a_ledger_file_that_holds_rows(tmp_path):
+    """A ledger is one server's rows (seq from 1): a file with an earlier server's rows is a usage error naming
+    --ledger, and the file is left as it was; an empty file is taken."""
+    ledger = tmp_path / "ledger.jsonl"
+    earlier = '{"type":"alloc","seq":1}\n{"type":"free","seq":2}\n'
+    ledger.write_text(earlier)
+    result = CliRunner().invoke(main, ["serve", "--ledger", str(ledger), "--max-running", "0"])
+    assert result.exit_code == 2 and "--ledger" in result.output and "already holds 2 rows" in result.output
+    assert ledger.read_text() == earlier
+    ledger.write_text("")
+    result = CliRunner().invoke(main, ["serve", "--ledger", str(ledger), "--max-running", "0"])
+    assert result.exit_code == 2 and "--max-running" in result.output, "the empty ledger passed; the next check failed"
+
+
 def test_serve_ledger_writes_the_slot_ledger_and_the_logits_checks(tmp_path):
     """`serve --ledger FILE`: every slot event a JSON row in FILE (the request's live-slot writes under the id the
     response echoes, the donation's cold reference state), and the response's forensics carry the logits checks of
