@@ -74,3 +74,19 @@ def test_the_packaged_table_holds_only_todays_candidates():
             assert entry["us"] > 0 and entry["cublas_us"] >= entry["us"], (device, key, entry)
             if entry["config"] is not None:
                 assert gemm.GemmConfig(**entry["config"]) in gemm.configs(n_out, n_in), (device, key)
+
+
+def test_the_tuning_script_needs_a_gpu_and_says_so(tmp_path):
+    """Without CUDA ``scripts/tune_decode_gemms.py`` is a usage error that says why, and writes no table."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would tune it")
+    script = Path(__file__).resolve().parents[2] / "scripts" / "tune_decode_gemms.py"
+    out = tmp_path / "table.json"
+    result = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr, result.stderr
+    assert not out.exists()
