@@ -138,9 +138,10 @@ def _landed(row: dict[str, Any], keys: list[str], landed: dict[object, bool]) ->
     a flush: a batch's digests share one event)."""
     for key in keys:
         value = row[key]
-        ok = landed.get(value.landing())
+        landing = value.landing()
+        ok = landed.get(landing)
         if ok is None:
-            ok = landed[value.landing()] = value.ready()
+            ok = landed[landing] = value.ready()
         if not ok:
             return False
     return True

@@ -19,7 +19,7 @@ from mini_engine.engine.request import Commit, Request
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
-from mini_engine.model.decode import DecodeGraphs, DecodeModel, Pools, decode_step
+from mini_engine.model.decode import DecodeGraphs, DecodeModel, Pools, decode_step, step_inputs
 from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
@@ -218,7 +218,7 @@ class ModelRunner:
             batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
             return self.states.checksums(slots, lengths), self._table_reads(items, table)
         if not digests:  # the step ran eagerly: the same computation, launched now
-            host = torch.tensor([slots, [it.start for it in items], [0] * len(items), counts])
+            host = step_inputs(slots, [it.start for it in items], counts)
             digests = step_digests(self.states, upload(host, logits.device), table, logits)
         lanes, checks = digests
         batch.sampled[:, 1].index_copy_(0, rows, checks)
@@ -302,7 +302,7 @@ def step_digests(states: StateStorage, inputs: torch.Tensor, table: torch.Tensor
     """The slot ledger's digests of a decode step on CUDA, device work alone (``DecodeGraphs(after=)`` captures it
     with the step): lanes [2, B, 2] int64 of each sequence's state after the step (``StateStorage.slot_bytes`` at
     position + 1) and of the page-table row the step read (``table`` row b cut to the sequence's page count), and
-    the logits' checks [B]. ``inputs``: the step's [4, B] long (slots, positions, -, page counts)."""
+    the logits' checks [B]. ``inputs``: the step's [4, B] long (``step_inputs`` with the page counts)."""
     slots, positions, counts = inputs[0], inputs[1], inputs[3]
     state = states.device_lanes(slots.to(torch.int32), ((positions + 1) % SNAPSHOT_ALIGN).to(torch.int32))
     read = rows_lanes(table, counts.to(torch.int32))

@@ -82,15 +82,17 @@ class _Step(NamedTuple):
     kv_rows: torch.Tensor  # [B] long: the new key's row in the flattened pages (page * page_size + offset)
 
 
-def step_inputs(slots: list[int], positions: list[int]) -> torch.Tensor:
+def step_inputs(slots: list[int], positions: list[int], extra: list[int] | None = None) -> torch.Tensor:
     """The host ``[3, B]`` long tensor a step uploads: slots, positions, and where the new pending row goes
-    (the slot, or the sink when the token completes its chunk and the slot keeps no pending row)."""
+    (the slot, or the sink when the token completes its chunk and the slot keeps no pending row); with ``extra``
+    (B ints: ``DecodeGraphs(after=)``'s) a fourth row."""
     if not len(slots) == len(positions):
         raise ValueError(f"one position per slot; got {len(slots)} slots and {len(positions)} positions")
     if SINK in slots or len(set(slots)) != len(slots):
         raise ValueError(f"decode_step needs distinct live slots other than the sink {SINK}; got {slots}")
     complete = [p % SNAPSHOT_ALIGN == SNAPSHOT_ALIGN - 1 for p in positions]
-    return torch.tensor([slots, positions, [SINK if c else s for s, c in zip(slots, complete)]], dtype=torch.long)
+    rows = [slots, positions, [SINK if c else s for s, c in zip(slots, complete)]]
+    return torch.tensor(rows if extra is None else [*rows, extra], dtype=torch.long)
 
 
 class _LayerWeights(NamedTuple):
@@ -253,11 +255,9 @@ class DecodeGraphs:
         """Logits [B, vocab] of one step and ``after``'s outputs (``()`` without it; static buffers when replayed:
         read them before the next step of B). ``extra``: B ints for ``after`` (required with it)."""
         n = len(slots)
-        host = step_inputs(slots, positions)
-        if self.after is not None:
-            if extra is None or len(extra) != n:
-                raise ValueError(f"DecodeGraphs(after=...) needs one extra int per sequence; got {extra!r} for {n}")
-            host = torch.cat([host, torch.tensor([extra], dtype=torch.long)])
+        if self.after is not None and (extra is None or len(extra) != n):
+            raise ValueError(f"DecodeGraphs(after=...) needs one extra int per sequence; got {extra!r} for {n}")
+        host = step_inputs(slots, positions, extra if self.after is not None else None)
         _check_width(positions, page_table, self.pools.keys.shape[2])
         inputs = upload(host, self.next_token.device)
         if n in self._graphs:
