@@ -20,9 +20,9 @@ unfenced upload queued behind them lands later on the GPU's own timing.
 
 The ``donate=transfer`` cell needs replies that end on a stop (the scheduler cannot foresee one, so the next
 decode is in flight at the donation): its ``follow-up`` turns stop at U+FFFD, which the tiny random model emits
-within a few bytes. The random 0.8B model's greedy replies repeat the prompt's last character (``:`` after the probes' "Answer:")
-and never stop, so there every reply ends by length and nothing aliases (0 of 21 on the sim and on the GPU, session
-13); ``--reply-stop :`` adds a stop that model emits.
+within a few bytes. The random 0.8B model's greedy replies repeat the prompt's last character (``:`` after the
+probes' "Answer:") and never stop, so there every reply ends by length and nothing aliases (0 of 21 on the sim and
+on the GPU, session 13); ``--reply-stop :`` adds a stop that model emits (18 of 21 on the GPU, session 14).
 
 Usage: ``python benchmarks/fault_mechanisms.py [--device sim|cuda] [--requests 60] [--device-seeds 0 1]
 [--model NAME] [--dtype float32|bfloat16] [--cells NAME ...] [--reply-stop TEXT] [--out FILE]``. ``--reply-stop``
