@@ -54,6 +54,8 @@ MODES = {
     "cache off": dict(enable_cache=False),
     "copy, ledger": {LEDGER: True},
     "copy, overlap, ledger": {LEDGER: True, "overlap": True},
+    # every step digest reading its slots' whole state back, not through the memo (``ops.checksum.memo``)
+    "copy, overlap, ledger read back": {LEDGER: True, "overlap": True, "state_digests": "readback"},
     "copy, ledger + refs": {LEDGER: True, "reference_states": True},
 }
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from forensics.ledger import streams
+from forensics.ledger import checksum_format, streams
 
 __all__ = ["Divergence", "divergences", "first_mismatch", "partings"]
 
@@ -42,7 +42,8 @@ class Divergence:
     (None: none did); ``packed``: the items of the batch that wrote it, in the run and in the control; ``token``:
     the first output token whose logits check differs (None: none did, or no checks were given); ``restored_at``:
     the position the run restored the request's state at (None: it restored nothing); ``first_forward``: whether
-    ``state_at`` ends the run's first forward of the request (after its restore, if any)."""
+    ``state_at`` ends the run's first forward of the request (after its restore, if any); ``formats``: the two
+    ledgers' state checksum formats where they differ (their checksums were then not compared)."""
 
     rid: str
     compared: int
@@ -51,13 +52,15 @@ class Divergence:
     token: int | None = None
     restored_at: int | None = None
     first_forward: bool = False
+    formats: tuple[str, str] | None = None
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, Any]) -> Divergence:
         """A divergence from its ``asdict`` form (JSON: ``packed`` a list), other keys ignored."""
         known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
-        packed = known.get("packed")
-        return cls(**{**known, "packed": None if packed is None else tuple(packed)})
+        packed, formats = known.get("packed"), known.get("formats")
+        return cls(**{**known, "packed": None if packed is None else tuple(packed),
+                      "formats": None if formats is None else tuple(formats)})
 
     @property
     def parted(self) -> bool:
@@ -73,20 +76,25 @@ class Divergence:
                     f"with {ours} item(s) in all in {run}, {theirs} in {control})")
         states = (f"the live state is equal at all {self.compared} positions both runs wrote" if self.compared
                   else "no position was written by both runs")
+        if self.formats is not None:
+            states = (f"the runs checksum a state otherwise ({self.formats[0]} in {run}, {self.formats[1]} in "
+                      f"{control}): their live states were not compared")
         if self.token is not None:
             return f"{who}: {states}; the logits first differ at output token {self.token}"
         return f"{who}: {states}"
 
 
 def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[str, str] | None = None,
-                logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None) -> list[Divergence]:
+                logits: Mapping[str, tuple[Sequence[int], Sequence[int]]] | None = None,
+                formats: tuple[str, str] | None = None) -> list[Divergence]:
     """Per request of the run (in its order) that has a control, where it first parted from the control.
 
     ``run``, ``control``: ledger rows (``slot_write`` and ``restore`` rows are read; others ignored), each the
     whole stream the requests ran in, so that a batch's items can be counted. A position written twice (a request
     recomputed after preemption) counts by its last write. ``pairs``: run rid -> its control's rid (default: the
     same rid, for every rid of the run). ``logits``: per run rid, the run's and the control's logits checks of each
-    output token, in order (``RequestResult.logit_checks``)."""
+    output token, in order (``RequestResult.logit_checks``). ``formats``: the two ledgers' state checksum formats,
+    given where they differ: no position is then compared, the logits still are."""
     ours, theirs = _LiveWrites.of(run), _LiveWrites.of(control)
     pairs = pairs if pairs is not None else {rid: rid for rid in ours.by_rid}
     found = []
@@ -94,11 +102,11 @@ def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[st
         other = theirs.by_rid.get(pairs.get(rid))
         if other is None:
             continue
-        common = sorted(written.keys() & other.keys())
+        common = [] if formats is not None else sorted(written.keys() & other.keys())
         state_at = next((p for p in common if written[p]["checksum"] != other[p]["checksum"]), None)
         packed = None if state_at is None else (ours.packed(written[state_at]), theirs.packed(other[state_at]))
         found.append(Divergence(rid, len(common), state_at, packed, _first_token(logits, rid),
-                                ours.restored.get(rid), state_at is not None and state_at == min(written)))
+                                ours.restored.get(rid), state_at is not None and state_at == min(written), formats))
     return found
 
 
@@ -108,10 +116,18 @@ def partings(ledger: Iterable[Row], controls: Mapping[str, str], *, control_ledg
     written in both runs, where it first parted from its control: the ``Divergence`` as a dict (``from_dict`` reads
     it back), with ``control``. ``ledger``: the rows of a whole run, every engine stream (a request is compared in
     its own stream against its control's, so a batch's items are counted where it ran); ``control_ledger``: where
-    the controls ran (default: the same ledger, the harness's cold controls)."""
+    the controls ran (default: the same ledger, the harness's cold controls). Two ledgers whose state checksum
+    formats differ (``ledger.checksum_format``: two builds of an engine, one from before its format was named)
+    compare logits alone."""
     if not controls:
         return []
+    ledger = list(ledger)
     ours_by = streams(ledger)
+    formats = None
+    if control_ledger is not None:
+        control_ledger = list(control_ledger)
+        named = checksum_format(ledger), checksum_format(control_ledger)
+        formats = None if named[0] == named[1] else tuple(name or "no format named" for name in named)
     theirs_by = ours_by if control_ledger is None else streams(control_ledger)
     ours_of, theirs_of = _stream_of(ours_by), _stream_of(theirs_by)
     groups: dict[tuple, dict[str, str]] = {}
@@ -120,7 +136,7 @@ def partings(ledger: Iterable[Row], controls: Mapping[str, str], *, control_ledg
             groups.setdefault((ours_of[request], theirs_of[control]), {})[request] = control
     found = []
     for (ours, theirs), pairs in groups.items():
-        for d in divergences(ours_by[ours], theirs_by[theirs], pairs=pairs, logits=logits):
+        for d in divergences(ours_by[ours], theirs_by[theirs], pairs=pairs, logits=logits, formats=formats):
             found.append({**asdict(d), "control": pairs[d.rid]})
     return found
 

@@ -19,12 +19,16 @@ foreign engine may use any 64-bit digest as long as it uses one throughout).
     reference_state    prefix, position, checksum              the state a prefix should have (cold)
     shared_page_write  rid, page                               a page held by others written in place
     fault              name                                    a safeguard the engine had switched off
+    checksum_format    state                                   how this engine's state checksums read a slot
+
+A ``checksum_format`` row names what an engine's state checksums cover and how (any text, one per engine build):
+two ledgers' live-slot checksums are compared only where their formats are the same (``checksum_format``).
 
 Other types (``evict``, ``fork``, ``page_cow``, ``metadata_upload``, ``metadata_readback``,
 ``clone``, ``transfer``, ``abort``) are accepted with any fields. ``parse_log_lines`` is the
 adapter for engines that log rather than write JSON: every line holding ``LEDGER <type>
 key=value ...`` becomes a row (values: decimal or ``0x`` integers, ``true``/``false``, or text;
-``rid``, ``owner``, ``role``, ``prefix``, ``policy``, ``name`` are always text);
+``rid``, ``owner``, ``role``, ``prefix``, ``policy``, ``name``, ``state`` are always text);
 everything else on the line and every other line is ignored, so a whole server log can be fed.
 ``log_line`` writes that form: an engine logs ``log_line(row)`` and the adapter reads the row back.
 """
@@ -42,8 +46,8 @@ from typing import Any
 from forensics.attribute import Attribution, attribute, inherited_detail
 from forensics.schema import SchemaError
 
-__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "LedgerWriter", "adopt_rows", "attribute_streams", "log_line",
-           "parse_log_lines", "streams", "validate_row"]
+__all__ = ["LEDGER_VERSION", "ROW_FIELDS", "LedgerWriter", "adopt_rows", "attribute_streams", "checksum_format",
+           "log_line", "parse_log_lines", "streams", "validate_row"]
 
 LEDGER_VERSION = 1
 
@@ -61,8 +65,9 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
     "reference_state": ("prefix", "position", "checksum"),
     "shared_page_write": ("rid", "page"),
     "fault": ("name",),
+    "checksum_format": ("state",),
 }
-_TEXT_FIELDS = ("rid", "owner", "role", "prefix", "policy", "name", "engine", "label")  # never parsed as numbers
+_TEXT_FIELDS = ("rid", "owner", "role", "prefix", "policy", "name", "engine", "label", "state")  # never parsed as numbers
 _FREE_FORM = ("evict", "fork", "page_cow", "metadata_upload", "metadata_readback", "clone", "transfer", "abort")
 
 
@@ -97,6 +102,12 @@ def validate_row(row: Mapping[str, Any]) -> None:
     missing = [f for f in ROW_FIELDS.get(kind, ()) if f not in row]
     if missing:
         raise SchemaError(f"ledger row {kind!r} (seq {row['seq']}) lacks {', '.join(missing)}")
+
+
+def checksum_format(rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """The state checksum format a ledger's ``checksum_format`` rows name (several: joined by " + "); None: none."""
+    named = sorted({str(row["state"]) for row in rows if row.get("type") == "checksum_format"})
+    return " + ".join(named) or None
 
 
 def streams(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[Any, Any], list[Mapping[str, Any]]]:

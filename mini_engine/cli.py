@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from mini_engine import __version__
+from mini_engine.constants import STATE_DIGESTS
 
 __all__ = ["main"]
 
@@ -152,10 +153,14 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
                    "prefill each), a new or empty file: one server's rows (`hammer analyze RUN --ledger-log FILE` "
                    "attributes an HTTP run from it). The responses then also carry the checks of the logits each "
                    "token was sampled from.")
+@click.option("--state-digests", type=click.Choice(STATE_DIGESTS), default="tracked", show_default=True,
+              help="With --ledger, how a forward's live-slot digests read the slot: tracked (a decode step reads "
+                   "conv and its new row, rec once a chunk; a write that bypasses the engine's storage shows a chunk "
+                   "later) or readback (every byte every step, ~19x the bytes at the 0.8B shape).")
 def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, decode_gemm: str,
           decode_pdl: bool | None, faults: tuple[str, ...], host: str, port: int, api_key: str | None,
           served_model_name: str | None, max_running: int, num_slots: int,
-          num_pages: int, max_context: int, ledger: Path | None) -> None:
+          num_pages: int, max_context: int, ledger: Path | None, state_digests: str) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""
     from mini_engine.server import create_app, serve as run_server
 
@@ -163,7 +168,7 @@ def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
                           decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults, max_running=max_running,
                           num_slots=num_slots, num_pages=num_pages, max_context=max_context,
-                          reference_states=rows is not None,
+                          reference_states=rows is not None, state_digests=state_digests,
                           sink=None if rows is None else lambda row: rows.write(json.dumps(row, default=str) + "\n"))
     if device == "cuda":  # the first requests would otherwise compile the kernels and capture the graphs
         warm = engine.warm_up()

@@ -14,3 +14,8 @@ DECODE_GEMMS = ("cublas", "triton", "auto", "tuned")
 # The Triton decode step's Gated DeltaNet layers between their projections: "split" (three launches: the conv
 # and prepared row, the replay of the slot's rows, the output norm) or "fused" (one: ``decode_rows.gdn_step``).
 GDN_STEPS = ("split", "fused")
+
+# The slot ledger's digests of the live slots a forward wrote: "tracked" (a memo per slot: a decode step's digest
+# reads conv and the rows since the slot's last digest, rec only in a new chunk or after another write:
+# ``ops.checksum.memo``) or "readback" (every digest reads the whole state, as a restore's or a clone's do).
+STATE_DIGESTS = ("tracked", "readback")

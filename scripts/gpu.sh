@@ -6,8 +6,9 @@
 #
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: on a GPU the package's gemm table does not name, tune first (the runs after use the
-#              table; it comes back in OUT_DIR); the ledger's and the safeguards' rounds, the gemm configurations' GPU
-#              test (the table's choices by this GPU's name), the engine's defaults against cuBLAS and plain launches
+#              table; it comes back in OUT_DIR); the ledger's (tracked step digests and read back) and the safeguards'
+#              rounds, the gemm configurations' and the state digests' GPU tests (the table's choices by this GPU's
+#              name; the memo against read-back digests), the engine's defaults against cuBLAS and plain launches
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -39,7 +40,7 @@
 #              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis? (--reply-stop :
 #              makes the random model's follow-up replies stop, as donate=transfer needs: session 13)
 #   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16, eight rounds (safeguards on
-#              vs off, the ledger on; the safeguards' and the ledger's own work priced on the device), then
+#              vs off, the ledger on, tracked and read back; the safeguards' and the ledger's own work priced), then
 #              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence). The ledger's profile is in
 #              diagnose.
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
@@ -89,9 +90,11 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         fi
         step 200 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+            --max-tokens 64 --repeats 6 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+            "copy, overlap, ledger read back" \
             --out "$out/engine_throughput_cuda_08b.json"
-        step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
+        step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
+            tests/gpu/test_kernels_gpu.py -k "decode or state"
         step 150 gpu_engine_default python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype --vocab 248320 --repeats 2 --out "$out/gpu_engine_default.json" ;;
     tune)
@@ -129,8 +132,9 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             --dtype bfloat16 --requests 24 --device-seeds 0 1 --reply-stop : \
             --out "$out/fault_mechanisms_cuda_08b.json" ;;
     engine)
-        step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+        step 380 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+            "copy, overlap, ledger read back" \
             --out "$out/engine_throughput_cuda_08b.json"
         step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
             --out "$out/hit_divergence_cuda.json" ;;

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SNAPSHOT_ALIGN
+from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SNAPSHOT_ALIGN, STATE_DIGESTS
 from mini_engine.faults import parse_faults
 
 __all__ = ["DONATE_POLICIES", "DTYPES", "KERNEL_CHOICES", "EngineConfig"]
@@ -36,6 +36,9 @@ class EngineConfig:
     # The harness's request: with a sink, every donation also reports the checksum of the state its
     # prefix should have, recomputed cold and alone (a ``reference_state`` row; costs a prefill).
     reference_states: bool = False
+    # With a sink, how the ledger digests the live slots a forward wrote (``constants.STATE_DIGESTS``): "tracked"
+    # reads only what the slot's last digest did not; "readback" the whole state every time.
+    state_digests: str = "tracked"
     # How decode steps run: "reference" through HybridModel.forward (states gathered and scattered),
     # "triton" through model.decode.decode_step (the kernels, on the pools in place; needs a GPU or
     # TRITON_INTERPRET=1), "auto": triton on cuda, reference on the sim.
@@ -90,6 +93,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
         if self.decode_gemm not in DECODE_GEMMS:
             raise ValueError(f"EngineConfig.decode_gemm={self.decode_gemm!r}; allowed: {DECODE_GEMMS}")
+        if self.state_digests not in STATE_DIGESTS:
+            raise ValueError(f"EngineConfig.state_digests={self.state_digests!r}; allowed: {STATE_DIGESTS}")
         if self.decode_gdn not in GDN_STEPS:
             raise ValueError(f"EngineConfig.decode_gdn={self.decode_gdn!r}; allowed: {GDN_STEPS}")
         if self.decode_pdl and (self.device != "cuda" or self.decode_kernels == "reference"):

@@ -38,6 +38,7 @@ from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation, Sink
 from mini_engine.model import ByteTokenizer, HybridModel, load_model
 from mini_engine.model.media import media_features
+from mini_engine.model.state import STATE_CHECKSUM_FORMAT, state_bytes
 from mini_engine.model.tokenizer import MEDIA_TOKEN
 from mini_engine.ops.checksum import slot_checksum
 
@@ -97,8 +98,10 @@ class Engine:
             copy.deepcopy(model).to(self.device.torch_device).cast_projections(dtype))
         self.compute = self.device.stream("compute")
         self.events = Instrumentation(sink)
+        self.events.emit("checksum_format", state=STATE_CHECKSUM_FORMAT)
         self.states = StateStorage(self.model.config, config.num_slots, self.device,
-                                   running=config.decode_path == "triton")
+                                   running=config.decode_path == "triton",
+                                   tracked=self.events.enabled and config.state_digests == "tracked")
         self.kv = KVStorage(self.model.config, config.num_pages, config.page_size, self.device)
         self.copy = self.device.stream("copy")
         self.fences = SlotFences(self.device)
@@ -298,7 +301,7 @@ class Engine:
             positions = (ids == self.tokenizer.media_token_id).nonzero().flatten()
             rows = (positions, torch.stack([media_features(m) for m in media[: len(positions)]]))
         state = self.model([ids], [self.model.new_state()], media=[rows], kernels=self.config.prefill_path)[0].state
-        return slot_checksum(torch.cat([state.conv.reshape(-1), state.rec.reshape(-1), state.pending.reshape(-1)]))
+        return slot_checksum(state_bytes(state.conv, state.rec, state.pending))
 
     # -- internals ---------------------------------------------------------------------------
     def _at(self, step: int | None, action: Callable[[], None]) -> None:

@@ -168,7 +168,8 @@ class ModelRunner:
         with self.events.timing():  # the forward's checksums together (each item wrote its own slots)
             if sampled:
                 batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(batch.sampled.device))
-            written = self.states.checksums([it.live_slot for it in items], [it.start + it.length for it in items])
+            written = self.states.step_checksums([it.live_slot for it in items],
+                                                 [it.start + it.length for it in items])
             for i, it, checksum, track in zip(indices, items, written, wrote_track):
                 read = None if it.tokens is not None else \
                     self._table_reads([it], torch.tensor(pages[i], dtype=torch.int32)[None])[0]
@@ -216,14 +217,14 @@ class ModelRunner:
         slots, lengths = [it.live_slot for it in items], [it.start + 1 for it in items]
         if not logits.is_cuda:
             batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
-            return self.states.checksums(slots, lengths), self._table_reads(items, table)
+            return self.states.step_checksums(slots, lengths), self._table_reads(items, table)
         if not digests:  # the step ran eagerly: the same computation, launched now
             host = step_inputs(slots, [it.start for it in items], counts)
             digests = step_digests(self.states, upload(host, logits.device), table, logits)
         lanes, checks = digests
         batch.sampled[:, 1].index_copy_(0, rows, checks)
         lanes = lanes.clone()  # a graph's outputs are its own: its next replay overwrites them
-        self.states.count_hashed(lengths)
+        self.states.count_step(lengths)
         done = DeviceDigest.event_now()
         state, read = lanes[0], lanes[1]
         return ([DeviceDigest(state, done, r) for r in range(len(items))],
@@ -300,11 +301,11 @@ _STAGED_DIGESTS = 4096  # staged page tables whose checksums the runner remember
 def step_digests(states: StateStorage, inputs: torch.Tensor, table: torch.Tensor, logits: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The slot ledger's digests of a decode step on CUDA, device work alone (``DecodeGraphs(after=)`` captures it
-    with the step): lanes [2, B, 2] int64 of each sequence's state after the step (``StateStorage.slot_bytes`` at
+    with the step): lanes [2, B, 2] int64 of each sequence's state after the step (``StateStorage.step_lanes`` at
     position + 1) and of the page-table row the step read (``table`` row b cut to the sequence's page count), and
     the logits' checks [B]. ``inputs``: the step's [4, B] long (``step_inputs`` with the page counts)."""
     slots, positions, counts = inputs[0], inputs[1], inputs[3]
-    state = states.device_lanes(slots.to(torch.int32), ((positions + 1) % SNAPSHOT_ALIGN).to(torch.int32))
+    state = states.step_lanes(slots.to(torch.int32), (positions + 1).to(torch.int32))
     read = rows_lanes(table, counts.to(torch.int32))
     return torch.stack([state, read]), _logits_checks(logits)
 

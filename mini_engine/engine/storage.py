@@ -16,9 +16,10 @@ import torch
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, upload
 from mini_engine.model import ModelConfig, SequenceState
-from mini_engine.model.state import Snapshot, pending_width
+from mini_engine.model.state import Snapshot, pending_width, state_bytes
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.deferred import DeviceDigest
+from mini_engine.ops.checksum.memo import StateMemo
 from mini_engine.ops.slot_layout import pool_words
 
 __all__ = ["KVStorage", "StateStorage"]
@@ -33,9 +34,13 @@ class StateStorage:
     them. It is derived, never part of a state's bytes: every write here other than a decode step's
     sets ``run_rows`` to -1, and a stale memo costs a replay (``pending_replay_decode_triton``), never
     a wrong state.
+
+    With ``tracked=True`` (``EngineConfig.state_digests="tracked"``) the ledger's digests of the live slots
+    a forward wrote go through ``memo`` (``ops.checksum.memo``), which every such write forgets likewise.
     """
 
-    def __init__(self, config: ModelConfig, n_slots: int, device: Device, *, running: bool = False) -> None:
+    def __init__(self, config: ModelConfig, n_slots: int, device: Device, *, running: bool = False,
+                 tracked: bool = True) -> None:
         n_lin = len(config.linear_layers)
         shape = (n_slots + 1, n_lin)
         heads = (config.linear_num_value_heads, config.linear_key_head_dim, config.linear_value_head_dim)
@@ -45,17 +50,22 @@ class StateStorage:
         self.next_token = device.zeros(n_slots + 1, dtype=torch.long)  # last sampled token, per live slot
         self.run = device.zeros(*shape, *heads) if running else None
         self.run_rows = device.zeros(*shape, 2, dtype=torch.int32).fill_(-1) if running else None
-        self.hashed_bytes = 0  # what ``checksums`` has read: the slot ledger's device work
+        # the step digests' memo (``ops.checksum.memo``); None: every digest reads the whole state back
+        self.memo = StateMemo(n_slots + 1, self.conv.device) if tracked else None
+        self._read_back = 0  # the bytes the read-back checksums have read
         # what ``nbytes`` adds up, and the pools as the checksum kernel reads them (fixed for the pools' life)
         self._slot_bytes = self.conv[0].nbytes + self.rec[0].nbytes
         self._row_bytes = self.pending[0, :, 0].nbytes
         self._layouts = (pool_words(self.conv, partial=False), pool_words(self.rec, partial=False),
                          pool_words(self.pending, partial=True))
 
-    def forget_running(self, slot: int) -> None:
-        """The slot's bytes were written by something other than a decode step: its memo is stale."""
+    def forget_memos(self, slot: int) -> None:
+        """The slot's bytes were written by something other than a decode step: its memos are stale (the decode
+        kernel's running copy and the step digests')."""
         if self.run_rows is not None:
             self.run_rows[slot].fill_(-1)
+        if self.memo is not None:
+            self.memo.forget(slot)
 
     def copy_slot(self, dst: int, src: int, length: int, *, recurrent: bool = True) -> None:
         """Device-side body of a clone, restore or fork of a state of ``length`` tokens: conv, rec and
@@ -66,57 +76,81 @@ class StateStorage:
         if recurrent:
             self.rec[dst].copy_(self.rec[src])
         self.pending[dst, :, :rows].copy_(self.pending[src, :, :rows])
-        self.forget_running(dst)
+        self.forget_memos(dst)
 
     def clear_slot(self, slot: int) -> None:
         """Device-side body of a cold start: the empty state (no pending rows to clear)."""
         self.conv[slot].zero_()
         self.rec[slot].zero_()
-        self.forget_running(slot)
+        self.forget_memos(slot)
 
     def slot_bytes(self, slot: int, length: int) -> torch.Tensor:
-        """The exact bytes that define a state of ``length`` tokens in ``slot`` (for checksums)."""
-        rows = length % SNAPSHOT_ALIGN
-        return torch.cat([self.conv[slot].reshape(-1), self.rec[slot].reshape(-1),
-                          self.pending[slot, :, :rows].reshape(-1)])
+        """The exact bytes that define a state of ``length`` tokens in ``slot``, in checksum order (``state_bytes``)."""
+        return state_bytes(self.conv[slot], self.rec[slot], self.pending[slot, :, : length % SNAPSHOT_ALIGN])
 
     def nbytes(self, length: int) -> int:
         """The size of ``slot_bytes`` for a state of ``length`` tokens (what a copy of it moves)."""
         return self._slot_bytes + (length % SNAPSHOT_ALIGN) * self._row_bytes
+
+    @property
+    def hashed_bytes(self) -> int:
+        """The bytes the ledger's checksums have read: its device work (on a GPU with the memo, a sync)."""
+        return self._read_back + (self.memo.hashed_bytes() if self.memo is not None else 0)
 
     def checksum(self, slot: int, length: int) -> int | DeviceDigest:
         """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op)."""
         return self.checksums([slot], [length])[0]
 
     def checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
-        """``checksum`` of each (slot, length): ints, or on CUDA ``DeviceDigest``s of the same bytes computed
-        together, one launch for all the slots (no copy of a slot, no sync)."""
+        """``checksum`` of each (slot, length), read back whole: ints, or on CUDA ``DeviceDigest``s of the same
+        bytes computed together, one launch for all the slots (no copy of a slot, no sync)."""
         self.count_hashed(lengths)
         if not self.conv.is_cuda:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
-        lanes = self.lanes(slots, lengths)
+        return self._device_digests(slots, lengths, memo=None)
+
+    def step_checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
+        """``checksums`` of the live slots a forward has just written (distinct slots), through the memo: what
+        the slots' last digests read and nothing has written since is not read again (``ops.checksum.memo``)."""
+        if self.memo is None:
+            return self.checksums(slots, lengths)
+        if not self.conv.is_cuda:
+            return [self.memo.host_digest(self.conv[s], self.rec[s], self.pending[s], s, n)
+                    for s, n in zip(slots, lengths)]
+        return self._device_digests(slots, lengths, memo=self.memo)
+
+    def _device_digests(self, slots: list[int], lengths: list[int], *, memo: StateMemo | None) -> list[DeviceDigest]:
+        index = upload(torch.tensor([slots, lengths], dtype=torch.int32), self.conv.device)
+        lanes = self._lanes(index[0], index[1], memo)
         done = DeviceDigest.event_now()
         return [DeviceDigest(lanes, done, i) for i in range(len(slots))]
 
     def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
-        """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes, on the pools' device: one
-        upload of the indices, one launch over the three pools (``state_lanes``), no sync."""
-        index = upload(torch.tensor([slots, [n % SNAPSHOT_ALIGN for n in lengths]], dtype=torch.int32),
-                       self.conv.device)
-        return self.device_lanes(index[0], index[1])
+        """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes read back whole, on the
+        pools' device: one upload of the indices, one launch over the three pools (``state_lanes``), no sync."""
+        index = upload(torch.tensor([slots, lengths], dtype=torch.int32), self.conv.device)
+        return self._lanes(index[0], index[1], None)
 
-    def device_lanes(self, slots: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``lanes`` of slots and pending-row counts already on the device (int32 [n] each): launches alone, so a
-        CUDA graph can replay them (the decode step's ledger digests, ``DecodeGraphs(after=)``). The caller counts
-        the bytes (``count_hashed``)."""
-        from mini_engine.ops.checksum.triton import state_lanes
+    def step_lanes(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``step_checksums``' lane sums for distinct slots and state lengths already on the device (int32 [n]
+        each): launches alone, so a CUDA graph can replay them (the decode step's ledger digests,
+        ``DecodeGraphs(after=)``). The caller counts the bytes of read-back digests (``count_step``)."""
+        return self._lanes(slots, lengths, self.memo)
 
-        return state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, slots=slots, rows=rows,
-                           layouts=self._layouts)
+    def _lanes(self, slots: torch.Tensor, lengths: torch.Tensor, memo: StateMemo | None) -> torch.Tensor:
+        from mini_engine.ops.checksum.state_triton import state_lanes
+
+        return state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, slots=slots, lengths=lengths,
+                           layouts=self._layouts, memo=memo)
 
     def count_hashed(self, lengths: list[int]) -> None:
-        """Add the bytes of states of ``lengths`` tokens to ``hashed_bytes`` (what the ledger's checksums read)."""
-        self.hashed_bytes += sum(self.nbytes(n) for n in lengths)
+        """Add the bytes of states of ``lengths`` tokens read back whole to ``hashed_bytes``."""
+        self._read_back += sum(self.nbytes(n) for n in lengths)
+
+    def count_step(self, lengths: list[int]) -> None:
+        """Count the bytes of a graph's ``step_lanes``: read back whole without the memo (the memo counts its own)."""
+        if self.memo is None:
+            self.count_hashed(lengths)
 
     def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The conv, rec and pending rows of a state of ``length`` tokens in ``slot``, as views of the pools (no
@@ -128,14 +162,14 @@ class StateStorage:
         """A snapshot slot at a 64-multiple: conv and rec, no pending rows."""
         self.conv[slot].copy_(snapshot.conv)
         self.rec[slot].copy_(snapshot.rec)
-        self.forget_running(slot)
+        self.forget_memos(slot)
 
     def write(self, slot: int, state: SequenceState) -> None:
         self.conv[slot].copy_(state.conv)
         self.rec[slot].copy_(state.rec)
         rows = state.pending.shape[1]
         self.pending[slot, :, :rows].copy_(state.pending)
-        self.forget_running(slot)
+        self.forget_memos(slot)
 
 
 class KVStorage:

@@ -21,12 +21,24 @@ import torch
 
 from mini_engine.model.config import SNAPSHOT_ALIGN, ModelConfig
 
-__all__ = ["SequenceState", "Snapshot", "pending_width"]
+__all__ = ["STATE_CHECKSUM_FORMAT", "SequenceState", "Snapshot", "pending_width", "state_bytes"]
 
 
 def pending_width(config: ModelConfig) -> int:
     """Row width of the pending buffer: q and k (per key head), v, g and beta (per value head)."""
     return 2 * config.linear_key_dim + config.linear_value_dim + 2 * config.linear_num_value_heads
+
+
+# What the engine's state checksums are (the ledger's ``checksum_format`` row): ``ops.checksum``'s two-lane hash32
+# of ``state_bytes``. Change it with either, so that no ledger compares its checksums with an older build's.
+STATE_CHECKSUM_FORMAT = "hash32x2:conv|rec|rows-by-token"
+
+
+def state_bytes(conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor) -> torch.Tensor:
+    """The bytes that define a state, in the order its checksum reads them: conv, rec, then the pending rows
+    in token order, each row all layers (``pending`` [L_linear, rows, width] read as [rows, L_linear, width]).
+    In this order a new token's row appends: the words before it keep their places (``ops.checksum.memo``)."""
+    return torch.cat([conv.reshape(-1), rec.reshape(-1), pending.transpose(0, 1).reshape(-1)])
 
 
 @dataclass

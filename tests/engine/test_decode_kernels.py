@@ -48,6 +48,36 @@ def test_triton_decode_gives_the_reference_tokens(runs, overlap):
     assert hits and len(writes) >= sum(map(len, got)), "every decode step is in the ledger"
 
 
+def test_the_tracked_step_digests_are_the_read_back_ones(runs, tiny_model):
+    """The ledger's digests of the slots the steps wrote, through the memo (the default), are the digests of
+    the slots' whole bytes read back at every step (state_digests="readback"): across the chunk the first
+    reply completes, the restores and the forks; and the memo read fewer bytes."""
+    tracked_rows = runs[False][2]
+    rows = []
+    config = EngineConfig(max_context=512, decode_kernels="triton", state_digests="readback")
+    assert _conversation(config, tiny_model, rows) == runs[False][1]
+
+    def written(ledger):
+        return [(r["rid"], r["slot"], r["position"], r["checksum"]) for r in ledger if r["type"] == "slot_write"]
+
+    assert written(rows) == written(tracked_rows) and len(written(rows)) >= sum(map(len, runs[False][1]))
+    assert {r["type"] for r in rows} >= {"restore", "snapshot_write"}
+
+
+def test_the_memo_reads_less_than_the_read_back(tiny_model):
+    """A decode step's digest through the memo reads conv and the new row; read back, the whole state."""
+    read = {}
+    for mode in ("tracked", "readback"):
+        engine = Engine(EngineConfig(max_context=512, decode_kernels="triton", state_digests=mode), model=tiny_model,
+                        sink=lambda row: None)
+        engine.submit(list(range(40)), SamplingParams(max_tokens=6))  # a prefill to 40, decode steps to 45
+        engine.run()
+        read[mode] = engine.states.hashed_bytes
+    states = engine.states
+    step = states.conv[0].nbytes + states.pending[0, :, 0].nbytes
+    assert read["readback"] - read["tracked"] == sum(states.nbytes(n) - step for n in range(41, 46)) > 0
+
+
 def test_triton_decode_writes_decode_crossed_snapshots(runs):
     """The first reply crosses position 64 in a decode step: the snapshot written there (after the step,
     from the live slot) is in the ledger, and the follow-up restores it."""
@@ -57,7 +87,8 @@ def test_triton_decode_writes_decode_crossed_snapshots(runs):
 
 
 @pytest.mark.parametrize(("name", "allowed"), [("decode_gemm", "'cublas', 'triton', 'auto', 'tuned'"),
-                                               ("decode_gdn", "'split', 'fused'")])
+                                               ("decode_gdn", "'split', 'fused'"),
+                                               ("state_digests", "'tracked', 'readback'")])
 def test_config_names_the_decode_variants(name, allowed):
     with pytest.raises(ValueError, match=f"EngineConfig.{name}='fast'; allowed: \\({allowed}\\)"):
         EngineConfig(**{name: "fast"})

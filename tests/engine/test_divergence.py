@@ -4,7 +4,7 @@ import dataclasses
 import json
 import random
 
-from forensics.divergence import Divergence, divergences
+from forensics.divergence import Divergence, divergences, partings
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
 
 
@@ -103,6 +103,24 @@ def test_a_request_is_compared_with_the_control_it_is_paired_with():
     assert divergences(run, control) == []
     (found,) = divergences(run, control, pairs={"hit": "ctl"})
     assert found == Divergence("hit", 1, state_at=5, packed=(2, 2), first_forward=True)
+
+
+def test_ledgers_of_two_checksum_formats_compare_logits_alone():
+    """Two builds' ledgers (``hammer diff`` / ``replay``) whose state checksums are computed otherwise: equal states
+    would checksum apart, so no position is compared; the logits still are. A ledger that names no format (an
+    older build's) is another format; two that name the same one compare their states."""
+    def ledger(fmt, checksum):
+        rows = [{**row("a", 5, checksum), "seq": 2}]
+        return rows if fmt is None else [{"type": "checksum_format", "state": fmt, "seq": 1}, *rows]
+
+    logits = {"a": ([1, 2], [1, 3])}
+    (found,) = partings(ledger("v2", 7), {"a": "a"}, control_ledger=ledger("v1", 8), logits=logits)
+    assert Divergence.from_dict(found) == Divergence("a", 0, token=1, formats=("v2", "v1"))
+    assert "checksum a state otherwise (v2 in the run, v1 in the control)" in Divergence.from_dict(found).describe()
+    (old,) = partings(ledger("v2", 7), {"a": "a"}, control_ledger=ledger(None, 7))
+    assert old["formats"] == ("v2", "no format named") and old["state_at"] is None
+    (same,) = partings(ledger("v2", 7), {"a": "a"}, control_ledger=ledger("v2", 8))
+    assert same["state_at"] == 5 and same["formats"] is None
 
 
 def test_a_divergence_reads_back_from_its_json_form():

@@ -18,6 +18,7 @@ from tests.unit.kernel_support import (
     check_paged_prefill,
     check_slot_checksums,
     check_state_digest,
+    check_state_memo,
 )
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -70,8 +71,13 @@ def test_slot_checksums(shape, dtype):
 
 
 def test_state_digest():
-    """conv | rec | pending rows of engine-shaped slots, digested as three segments, equal their bytes' digest."""
+    """conv | rec | pending rows of engine-shaped slots, digested as segments, equal their bytes' digest."""
     check_state_digest(device="cuda", **ENGINE_STATE)
+
+
+def test_state_memo():
+    """The memo's digests of slots a simulated decode advances equal the read-back digests at every step."""
+    check_state_memo(device="cuda", **ENGINE_STATE)
 
 
 @pytest.mark.parametrize("recurrent", [True, False])

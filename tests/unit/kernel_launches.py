@@ -103,7 +103,9 @@ def _exercise() -> None:
     from mini_engine.ops import pdl
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
-    from mini_engine.ops.checksum.triton import checksum_lanes, row_digests, state_lanes
+    from mini_engine.ops.checksum.memo import StateMemo
+    from mini_engine.ops.checksum.state_triton import state_lanes
+    from mini_engine.ops.checksum.triton import checksum_lanes, row_digests
     from mini_engine.ops.decode_rows import gemm
     from mini_engine.ops.gated_delta_rule.triton import (
         chunk_gated_delta_rule_triton,
@@ -167,8 +169,9 @@ def _exercise() -> None:
     for tensor in (states.conv, states.rec, states.pending, kv.keys):
         checksum_lanes(pool=tensor, slots=torch.tensor([1, 2], dtype=torch.int32))
     checksum_lanes(pool=states.pending, slots=torch.tensor([1], dtype=torch.int32), rows=torch.tensor([5]))
-    state_lanes(conv=states.conv, rec=states.rec, pending=states.pending, slots=torch.tensor([1, 2], dtype=torch.int32),
-                rows=torch.tensor([5, 0], dtype=torch.int32))  # the ledger's state digests
+    for memo in (None, StateMemo(4, torch.device("cpu"))):  # the ledger's state digests: read back, and tracked
+        state_lanes(conv=states.conv, rec=states.rec, pending=states.pending, memo=memo,
+                    slots=torch.tensor([1, 2], dtype=torch.int32), lengths=torch.tensor([5, 64], dtype=torch.int32))
     for width in (260, 9000):  # the logits check of the byte vocabulary (one launch) and of a wide one (two)
         row_digests(torch.zeros(2, width), drop_sign=True)
     copy_slots(pools=[states.conv, states.rec], dst=torch.tensor([1]), src=torch.tensor([2]), pending=states.pending,

@@ -8,13 +8,16 @@ from typing import NamedTuple
 import torch
 
 from mini_engine.model.layers import FusedProjection
+from mini_engine.model.state import state_bytes
 from mini_engine.ops import causal_conv1d as reference_conv
 from mini_engine.ops import causal_conv1d_update as reference_conv_update
 from mini_engine.ops.attention import attention_with_prefix, gather_pages
 from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefill_attention, write_kv_pages
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.triton import digests, slot_checksums, state_lanes
+from mini_engine.ops.checksum.memo import StateMemo
+from mini_engine.ops.checksum.state_triton import state_lanes
+from mini_engine.ops.checksum.triton import digests, slot_checksums
 from mini_engine.ops.linear import linear as reference_linear
 from mini_engine.ops.linear.triton import linear
 from mini_engine.ops.slot_copy import copy_slots as reference_copy_slots
@@ -215,14 +218,77 @@ def engine_state_pools(*, n_slots, layers, conv, rec, width, device, seed=0):
 
 
 def check_state_digest(*, device, **shapes) -> None:
-    """conv | rec | pending rows of each slot, digested as three segments, equal the digest of their bytes."""
+    """conv | rec | pending rows (token order) of each slot, digested as segments in one launch, equal the digest of
+    its bytes (``state_bytes``): a slot listed twice, at a chunk's start, with 63 rows and a few."""
     conv, rec, pending = engine_state_pools(device=device, **shapes)
     slots = torch.tensor([3, 1, 3], dtype=torch.int32, device=device)
-    rows = torch.tensor([0, 63, 17], device=device)
-    lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=slots, rows=rows)
-    want = [slot_checksum(torch.cat([conv[s].flatten(), rec[s].flatten(), pending[s, :, :n].flatten()]))
-            for s, n in zip(slots.tolist(), rows.tolist())]
-    assert digests(lanes) == want
+    lengths = torch.tensor([128, 63, 81], dtype=torch.int32, device=device)
+    lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=slots, lengths=lengths)
+    assert digests(lanes) == _read_back(conv, rec, pending, slots.tolist(), lengths.tolist())
+
+
+def _read_back(conv, rec, pending, slots, lengths) -> list[int]:
+    return [slot_checksum(state_bytes(conv[s], rec[s], pending[s, :, : n % 64]).cpu()) for s, n in zip(slots, lengths)]
+
+
+def check_state_memo(*, device, **shapes) -> None:
+    """The memo's digests (``state_lanes(memo=)``, and ``StateMemo.host_digest`` on copies) of slots a simulated
+    decode advances (conv rewritten, a row appended a step, rec rewritten as a chunk completes) equal the read-back
+    digests of their bytes at every step: across a chunk's end, after a write the memo forgets, after steps nobody
+    digested. A digest within a chunk reads conv and the new rows alone (the memo's byte count); a write the memo
+    was not told of shows only in the slot's next chunk."""
+    conv, rec, pending = engine_state_pools(device=device, **shapes)
+    memo, host = StateMemo(conv.shape[0], conv.device), StateMemo(conv.shape[0], torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    lengths = {1: 58, 3: 3}
+    word_bytes = {"conv": conv[0].nbytes, "rec": rec[0].nbytes, "row": pending[0, :, 0].nbytes}
+
+    def write(pool, index):
+        pool[index] = randn(*pool[index].shape, gen=gen, device=device)
+
+    def decode(slot):
+        n = lengths[slot]
+        write(conv, slot)
+        if n % 64 == 63:  # the token completes its chunk: the state goes to rec, no row
+            write(rec, slot)
+        else:
+            write(pending, (slot, slice(None), n % 64))
+        lengths[slot] = n + 1
+
+    def digest():
+        slots = list(lengths)
+        before = int(memo.hashed)
+        lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=torch.tensor(slots, device=device),
+                            lengths=torch.tensor([lengths[s] for s in slots], device=device), memo=memo)
+        on_host = [host.host_digest(conv[s].cpu(), rec[s].cpu(), pending[s].cpu(), s, lengths[s]) for s in slots]
+        want = _read_back(conv, rec, pending, slots, [lengths[s] for s in slots])
+        assert digests(lanes) == on_host == want, lengths
+        return int(memo.hashed) - before
+
+    assert digest() == sum(word_bytes["conv"] + word_bytes["rec"] + n % 64 * word_bytes["row"]
+                           for n in lengths.values()), "no memo: the whole states"
+    for step in range(12):  # slot 1 completes its chunk at step 5
+        for slot in lengths:
+            decode(slot)
+        if step in (7, 8):  # steps nobody digested: the next digest reads their rows too
+            continue
+        if step == 9:  # a restore into slot 3: a write the memo is told of
+            write(rec, 3)
+            write(pending, (3, slice(None), slice(0, lengths[3] % 64)))
+            memo.forget(3)
+            host.forget(3)
+        read = digest()
+        if step in (2, 3):
+            assert read == 2 * (word_bytes["conv"] + word_bytes["row"]), "within a chunk: conv and the new row"
+    write(rec, 1)  # a write that bypasses the memo: the read-back digest sees it, the memo's does not ...
+    lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=torch.tensor([1], device=device),
+                        lengths=torch.tensor([lengths[1]], device=device), memo=memo)
+    assert digests(lanes) != _read_back(conv, rec, pending, [1], [lengths[1]])
+    while lengths[1] % 64:  # ... until the slot's next chunk
+        decode(1)
+    lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=torch.tensor([1], device=device),
+                        lengths=torch.tensor([lengths[1]], device=device), memo=memo)
+    assert digests(lanes) == _read_back(conv, rec, pending, [1], [lengths[1]])
 
 
 def check_copy_slots(*, device, recurrent=True, **shapes) -> None:

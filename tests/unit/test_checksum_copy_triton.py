@@ -6,7 +6,13 @@ import torch
 from mini_engine.ops.checksum import slot_checksum as reference_checksum
 from mini_engine.ops.checksum.triton import slot_checksum, slot_checksums
 from mini_engine.ops.slot_copy.triton import copy_slots
-from tests.unit.kernel_support import check_copy_slots, check_slot_checksums, check_state_digest, random_pool
+from tests.unit.kernel_support import (
+    check_copy_slots,
+    check_slot_checksums,
+    check_state_digest,
+    check_state_memo,
+    random_pool,
+)
 
 SMALL_STATE = dict(n_slots=9, layers=2, conv=(13, 3), rec=(3, 8, 5), width=11)
 
@@ -21,6 +27,10 @@ def test_pool_checksums_equal_reference(shape, dtype):
 def test_state_digest_composes_from_segments():
     """The conv | rec | pending digest of a slot is the sum of three segments' lanes with word offsets."""
     check_state_digest(device="cpu", **SMALL_STATE)
+
+
+def test_the_memos_digests_are_the_read_back_digests():
+    check_state_memo(device="cpu", **SMALL_STATE)
 
 
 def test_the_storages_lanes_are_the_ledgers_digests_of_its_slots():

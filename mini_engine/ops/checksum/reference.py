@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["slot_checksum", "checksum_words"]
+__all__ = ["checksum_words", "join_lanes", "slot_checksum", "word_lanes"]
 
 _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B
@@ -61,15 +61,31 @@ def _lane_steps(n: int, device: torch.device) -> torch.Tensor:
     return steps[:, :n]
 
 
-def checksum_words(words: torch.Tensor) -> int:
-    """Digest of a 1-D tensor of 32-bit words (int32 bit patterns, or int64 values in [0, 2^32)): per lane, the
-    sum mod 2^32 of hash32((word + index * lane offset) mod 2^32); the two lanes' sums are the digest's halves."""
+def word_lanes(words: torch.Tensor, first: int = 0) -> tuple[int, int]:
+    """The two lane sums mod 2^32 of a 1-D tensor of 32-bit words (int32 bit patterns, or int64 values in
+    [0, 2^32)) whose first is word ``first`` of the digested sequence: per lane, the sum of
+    hash32((word + index * lane offset) mod 2^32). Lanes of consecutive segments add up (mod 2^32) to the
+    lanes of their concatenation."""
     if words.dtype == torch.int64:
         words = _as_int32(words)
-    mixed = _lane_steps(words.numel(), words.device) + words  # [2, n] int32: both lanes in one pass, wrapping
+    steps = _lane_steps(words.numel(), words.device)
+    if first:  # (index + first) * offset = index * offset + first * offset, mod 2^32
+        shift = torch.tensor([[(first * offset) & _MASK32] for offset in _LANE_OFFSETS], device=words.device)
+        steps = steps + _as_int32(shift)
+    mixed = steps + words  # [2, n] int32: both lanes in one pass, wrapping
     # a signed word is its unsigned value mod 2^32, so the int64 sum mod 2^32 is the unsigned one's
     high, low = (_hash32_(mixed).sum(dim=1, dtype=torch.int64) & _MASK32).tolist()
-    return (high << 32) | low
+    return high, low
+
+
+def join_lanes(lanes: tuple[int, int]) -> int:
+    """The 64-bit digest of two lane sums (any ints; each is taken mod 2^32)."""
+    return ((lanes[0] & _MASK32) << 32) | (lanes[1] & _MASK32)
+
+
+def checksum_words(words: torch.Tensor) -> int:
+    """Digest of a 1-D tensor of 32-bit words: its two lanes (``word_lanes``) are the digest's halves."""
+    return join_lanes(word_lanes(words))
 
 
 def slot_checksum(tensor: torch.Tensor) -> int:

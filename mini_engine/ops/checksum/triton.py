@@ -5,14 +5,9 @@ what the reference's ``& 0xFFFFFFFF`` keeps), sums each lane in wrapping uint32 
 is order-free, so chunks may finish in any order) and adds it atomically into the slot's int64
 lane totals. ``digests`` reduces those mod 2^32 and joins the two halves on the host.
 
-A digest covers a word sequence; lanes of consecutive segments add up. The digest of a
-concatenation (the engine's conv | rec | pending rows of a slot) is the sum of each segment's
-lanes, each segment's words indexed from the number of words before it::
-
-    lanes(conv from word 0) + lanes(rec from word conv_words) + lanes(pending rows from conv_words + rec_words)
-
-``state_lanes`` computes that sum for many slots in one launch (the ledger's state digests);
-``row_digests`` finishes each row's digest on the device (the logits check).
+A digest covers a word sequence; lanes of consecutive segments add up, each segment's words indexed
+from the number of words before it (``state_triton`` digests an engine state that way: conv | rec |
+pending rows). ``row_digests`` finishes each row's digest on the device (the logits check).
 """
 
 from __future__ import annotations
@@ -22,9 +17,9 @@ import triton
 import triton.language as tl
 
 from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MASK32, _MIX
-from mini_engine.ops.slot_layout import PoolWords, pool_words
+from mini_engine.ops.slot_layout import pool_words
 
-__all__ = ["checksum_lanes", "digests", "row_digests", "slot_checksum", "slot_checksums", "state_lanes"]
+__all__ = ["checksum_lanes", "digests", "row_digests", "slot_checksum", "slot_checksums"]
 
 BLOCK = 1024  # words per step
 CHUNK = 8 * BLOCK  # words per program
@@ -158,54 +153,6 @@ def row_digests(table: torch.Tensor, *, drop_sign: bool = False) -> torch.Tensor
         _join_parts_kernel[(n_rows,)](parts, out, chunks, DROP_SIGN=drop_sign,
                                       BLOCK=min(1024, triton.next_power_of_2(chunks)))
     return out
-
-
-@triton.jit
-def _state_kernel(conv_ptr, rec_ptr, pending_ptr, slots_ptr, rows_ptr, lanes_ptr, conv_stride, conv_words, rec_stride,
-                  rec_words, pending_stride, outer_stride, row_words, conv_chunks, rec_chunks, pending_chunks,
-                  MIX: tl.constexpr, LANE0: tl.constexpr, LANE1: tl.constexpr, CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr):
-    """One chunk of the i-th listed slot's state conv | rec | pending rows: program (b, i) with b counting the conv
-    chunks, then the rec chunks, then each pending block's chunks; its lane sums added into lanes[i]."""
-    b, i = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    slot = tl.load(slots_ptr + i).to(tl.int64)
-    conv_words, rec_words = tl.cast(conv_words, tl.int64), tl.cast(rec_words, tl.int64)  # (1 arrives as a constexpr)
-    if b < conv_chunks:
-        base, begin, n_words, first = conv_ptr + slot * conv_stride, b * CHUNK, conv_words, tl.full([], 0, tl.int64)
-    elif b < conv_chunks + rec_chunks:
-        base, begin, n_words, first = rec_ptr + slot * rec_stride, (b - conv_chunks) * CHUNK, rec_words, conv_words
-    else:
-        block = b - conv_chunks - rec_chunks
-        o, c = block // pending_chunks, block % pending_chunks
-        n_words = tl.load(rows_ptr + i).to(tl.int64) * row_words  # a chunk past the rows adds zeros
-        base, begin = pending_ptr + slot * pending_stride + o * outer_stride, c * CHUNK
-        first = conv_words + rec_words + o * n_words
-    lane0, lane1 = _chunk_lanes(base, begin, n_words, first, MIX, LANE0, LANE1, CHUNK, BLOCK)
-    tl.atomic_add(lanes_ptr + 2 * i, lane0)
-    tl.atomic_add(lanes_ptr + 2 * i + 1, lane1)
-
-
-def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor,
-                rows: torch.Tensor, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None) -> torch.Tensor:
-    """Lane sums [n, 2] of each listed slot's state as the engine digests it: conv | rec | its first ``rows[i]``
-    pending rows (``StateStorage.slot_bytes``), one launch (``_state_kernel``) into a zeroed buffer; no sync.
-    ``layouts``: the three pools' ``pool_words`` (whole, whole, partial), when the caller keeps them."""
-    if layouts is None:
-        layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
-    conv_layout, rec_layout, pending_layout = layouts
-    n = slots.numel()
-    if slots.shape != (n,) or rows.shape != (n,):
-        raise ValueError(f"slots and rows must be 1-D of one length; got {tuple(slots.shape)} and {tuple(rows.shape)}")
-    lanes = torch.zeros((n, 2), dtype=torch.int64, device=conv.device)
-    chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
-              triton.cdiv(pending_layout.rows_max * pending_layout.row_words, CHUNK)]
-    if n:
-        _state_kernel[(chunks[0] + chunks[1] + pending_layout.outer * chunks[2], n)](
-            conv_layout.words, rec_layout.words, pending_layout.words, slots.to(conv.device), rows.to(conv.device),
-            lanes, conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
-            pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words, *chunks, MIX=_MIX,
-            LANE0=_LANE_OFFSETS[0], LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
-    return lanes
 
 
 def digests(lanes: torch.Tensor) -> list[int]:

@@ -1,0 +1,135 @@
+"""The ledger's state digests on a GPU: many slots' conv | rec | pending rows in one launch, with or without the memo.
+
+A slot's state is three segments of the checksum's word sequence (``mini_engine.model.state.state_bytes``):
+conv from word 0, rec from word ``conv_words``, then the pending rows in token order, row j of layer o at
+word ``conv_words + rec_words + (j * layers + o) * row_words``. Each program hashes one chunk of one segment
+(a chunk of conv or rec, or one chunk of one layer's row: the rows of a layer lie back to back in the pool,
+one per token) and adds its lane sums into the slot's.
+
+With a memo (``memo.StateMemo``) a second launch finishes each digest: the lanes of rec and of the rows the
+memo covers come from the memo, the first launch having skipped them, and the memo takes the new state. Both
+launches read the memo's length of the slot the same way (``_known_rows``), so they agree on what was skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mini_engine.constants import SNAPSHOT_ALIGN
+from mini_engine.ops.checksum.memo import StateMemo
+from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX
+from mini_engine.ops.checksum.triton import BLOCK, CHUNK, _chunk_lanes
+from mini_engine.ops.slot_layout import PoolWords, pool_words
+
+__all__ = ["state_lanes"]
+
+
+@triton.jit
+def _known_rows(memo_lengths, slot, length, ALIGN: tl.constexpr):
+    """``memo.known_rows`` on the device: the rows (with rec) the slot's memo covers, or -1 (read them all)."""
+    known = tl.load(memo_lengths + slot).to(tl.int64)
+    same_chunk = (known >= 0) & (known <= length) & (known // ALIGN == length // ALIGN)
+    return tl.where(same_chunk, known % ALIGN, -1)
+
+
+@triton.jit
+def _state_kernel(conv_ptr, rec_ptr, pending_ptr, slots_ptr, lengths_ptr, memo_lengths, parts_ptr, conv_stride,
+                  conv_words, rec_stride, rec_words, pending_stride, outer_stride, row_words, layers, conv_chunks,
+                  rec_chunks, row_chunks, MEMO: tl.constexpr, ALIGN: tl.constexpr, MIX: tl.constexpr,
+                  LANE0: tl.constexpr, LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (b, i): chunk b of the i-th listed slot's state, b counting conv's chunks, then rec's, then for each
+    row j < 63 and layer o the row's chunks. Its lane sums go to parts[i, 0] (with MEMO: conv to parts[i, 0], the
+    rest to parts[i, 1]); a chunk the state does not have (a row past its length) or the memo covers adds nothing."""
+    b, i = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    length = tl.load(lengths_ptr + i).to(tl.int64)
+    conv_words, rec_words = tl.cast(conv_words, tl.int64), tl.cast(rec_words, tl.int64)  # (1 arrives as a constexpr)
+    row_words, layers = tl.cast(row_words, tl.int64), tl.cast(layers, tl.int64)
+    known = length * 0 - 1
+    if MEMO:
+        known = _known_rows(memo_lengths, slot, length, ALIGN)
+    part = 0
+    if b < conv_chunks:
+        base, begin, n_words, first = conv_ptr + slot * conv_stride, b * CHUNK, conv_words, length * 0
+        skip = length < 0  # (never)
+    elif b < conv_chunks + rec_chunks:
+        base, begin, n_words, first = rec_ptr + slot * rec_stride, (b - conv_chunks) * CHUNK, rec_words, conv_words
+        skip, part = known >= 0, 1
+    else:
+        row = (b - conv_chunks - rec_chunks) // row_chunks  # j * layers + o
+        j, o, c = row // layers, row % layers, (b - conv_chunks - rec_chunks) % row_chunks
+        base = pending_ptr + slot * pending_stride + o * outer_stride + j * row_words
+        begin, n_words, first = c * CHUNK, row_words, conv_words + rec_words + row * row_words
+        skip, part = (j < known) | (j >= length % ALIGN), 1
+    if skip:
+        return
+    lane0, lane1 = _chunk_lanes(base, begin, n_words, first, MIX, LANE0, LANE1, CHUNK, BLOCK)
+    out = parts_ptr + (i * (2 if MEMO else 1) + (part if MEMO else 0)) * 2
+    tl.atomic_add(out, lane0)
+    tl.atomic_add(out + 1, lane1)
+
+
+@triton.jit
+def _memo_kernel(parts_ptr, lanes_ptr, slots_ptr, lengths_ptr, memo_lengths, memo_lanes, hashed_ptr, n, conv_words,
+                 rec_words, row_words, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """Digests i of a block: lanes[i] = conv's lanes + (the memo's + the new rows', or rec's and all rows'), the
+    memo set to this state (rec and rows, mod 2^32), and the bytes read added to ``hashed``."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n
+    slot = tl.load(slots_ptr + i, mask=ok, other=0).to(tl.int64)
+    length = tl.load(lengths_ptr + i, mask=ok, other=0).to(tl.int64)
+    known = _known_rows(memo_lengths, slot, length, ALIGN)
+    kept = ok & (known >= 0)
+    tail0 = (tl.load(parts_ptr + i * 4 + 2, mask=ok, other=0)
+             + tl.load(memo_lanes + slot * 2, mask=kept, other=0)) & 0xFFFFFFFF
+    tail1 = (tl.load(parts_ptr + i * 4 + 3, mask=ok, other=0)
+             + tl.load(memo_lanes + slot * 2 + 1, mask=kept, other=0)) & 0xFFFFFFFF
+    tl.store(memo_lanes + slot * 2, tail0, mask=ok)
+    tl.store(memo_lanes + slot * 2 + 1, tail1, mask=ok)
+    tl.store(memo_lengths + slot, length.to(tl.int32), mask=ok)
+    tl.store(lanes_ptr + i * 2, tl.load(parts_ptr + i * 4, mask=ok, other=0) + tail0, mask=ok)
+    tl.store(lanes_ptr + i * 2 + 1, tl.load(parts_ptr + i * 4 + 1, mask=ok, other=0) + tail1, mask=ok)
+    words = conv_words + tl.where(known >= 0, 0, rec_words) + (length % ALIGN - tl.maximum(known, 0)) * row_words
+    tl.atomic_add(hashed_ptr, tl.sum(tl.where(ok, words * 4, 0), 0))
+
+
+def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor,
+                lengths: torch.Tensor, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None,
+                memo: StateMemo | None = None) -> torch.Tensor:
+    """Lane sums [n, 2] int64 of each listed slot's state of ``lengths[i]`` tokens (``StateStorage.slot_bytes``):
+    one launch over the three pools, and with ``memo`` a second that finishes the digests from it and updates it
+    (the listed slots must then be distinct); no sync, graph-capturable. ``slots``, ``lengths``: [n] ints on the
+    pools' device. ``layouts``: the three pools' ``pool_words`` (whole, whole, partial), when the caller keeps
+    them."""
+    if layouts is None:
+        layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
+    conv_layout, rec_layout, pending_layout = layouts
+    n = slots.numel()
+    if slots.shape != (n,) or lengths.shape != (n,):
+        raise ValueError(f"slots and lengths must be 1-D of one length; got {tuple(slots.shape)} and "
+                         f"{tuple(lengths.shape)}")
+    if pending_layout.rows_max != SNAPSHOT_ALIGN - 1:
+        raise ValueError(f"the pending pool holds {SNAPSHOT_ALIGN - 1} rows a layer; got {pending_layout.rows_max}")
+    parts = torch.zeros((n, 1 if memo is None else 2, 2), dtype=torch.int64, device=conv.device)
+    chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
+              triton.cdiv(pending_layout.row_words, CHUNK)]
+    if not n:
+        return parts[:, 0]
+    memo_lengths = slots if memo is None else memo.lengths  # unread without a memo
+    grid = (chunks[0] + chunks[1] + pending_layout.rows_max * pending_layout.outer * chunks[2], n)
+    _state_kernel[grid](
+        conv_layout.words, rec_layout.words, pending_layout.words, slots, lengths, memo_lengths, parts,
+        conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
+        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words, pending_layout.outer,
+        *chunks, MEMO=memo is not None, ALIGN=SNAPSHOT_ALIGN, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
+        LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
+    if memo is None:
+        return parts[:, 0]
+    lanes = torch.empty((n, 2), dtype=torch.int64, device=conv.device)
+    _memo_kernel[(triton.cdiv(n, 128),)](parts, lanes, slots, lengths, memo.lengths, memo.lanes, memo.hashed, n,
+                                         conv_layout.row_words, rec_layout.row_words,
+                                         pending_layout.outer * pending_layout.row_words, ALIGN=SNAPSHOT_ALIGN,
+                                         BLOCK=128)
+    return lanes
