@@ -39,9 +39,10 @@
 #              bfloat16: donation clones of 19 MB a slot on the copy stream), the GPU's own timing and one nemesis
 #              seed: do donate=transfer and metadata_fence=off fire on real streams without the nemesis? (--reply-stop :
 #              makes the random model's follow-up replies stop, as donate=transfer needs: session 13)
-#   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16, eight rounds (safeguards on
+#   engine     benchmarks/engine_throughput.py --device cuda on the 0.8B shape in bfloat16, six rounds (safeguards on
 #              vs off, the ledger on, tracked and read back; the safeguards' and the ledger's own work priced), then
-#              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence). The ledger's profile is in
+#              benchmarks/hit_divergence.py --device cuda (cold-vs-hit divergence), benchmarks/state_digests.py --device
+#              cuda (a decode step's state digests at batch 32, tracked vs read back). The ledger's profile is in
 #              diagnose.
 #   decode     benchmarks/gpu_engine.py on the issue's model itself (Qwen3.5's 248,320-id vocabulary: the
 #              1.6 GB roofline) in bfloat16 against transformers on the same weights, cuBLAS with plain launches against
@@ -132,12 +133,14 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             --dtype bfloat16 --requests 24 --device-seeds 0 1 --reply-stop : \
             --out "$out/fault_mechanisms_cuda_08b.json" ;;
     engine)
-        step 380 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 8 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+        step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 6 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             "copy, overlap, ledger read back" \
             --out "$out/engine_throughput_cuda_08b.json"
         step 150 divergence python3 benchmarks/hit_divergence.py --device cuda --requests 64 --max-tokens 12 --explain \
-            --out "$out/hit_divergence_cuda.json" ;;
+            --out "$out/hit_divergence_cuda.json"
+        step 90 state_digests python3 benchmarks/state_digests.py --device cuda --batch 32 \
+            --out "$out/state_digests_cuda.json" ;;
     decode)
         step 360 gpu_engine_qwen_vocab python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype bfloat16 --vocab 248320 --out "$out/gpu_engine_qwen_vocab.json"
