@@ -15,6 +15,10 @@ slot (a restore, a clone, a fork, a prefill's write-back, a cold start) goes thr
 
 What a memo cannot see is a write that bypasses the storage (a kernel writing a slot it does not
 own): in rec or in rows already digested it shows at the slot's next chunk, not at its next step.
+Likewise a write that races a step of the same slot on another stream (a safeguard switched off, as
+``admission_barrier=off``): if the step's memo update lands after the write's forget, the memo keeps
+the step's view until the next chunk. The ledger's evidence of such races is read back regardless:
+a restore's and a clone's checksums (``restore_read``, ``clone_written``) never go through a memo.
 The read-back digests (``EngineConfig.state_digests="readback"``) read every byte every time, for
 the hunt that needs that; a decode step then reads ~19x more (the 0.8B shape: a 19 MB rec and up to
 63 rows of 0.45 MB, against 1.3 MB of conv and one row).
