@@ -6,9 +6,9 @@
 #
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: on a GPU the package's gemm table does not name, tune first (the runs after use the
-#              table; it comes back in OUT_DIR); the ledger's (tracked step digests and read back) and the safeguards'
-#              rounds, the gemm configurations' and the state digests' GPU tests (the table's choices by this GPU's
-#              name; the memo against read-back digests), the engine's defaults against cuBLAS and plain launches
+#              table; it comes back in OUT_DIR); the GPU tests of the gemm configurations (the table's choices by
+#              this GPU's name) and of the state digests' memo (kernel and engine, against read-back digests); the
+#              ledger's rounds (tracked and read back) and the safeguards'; the engine's defaults against cuBLAS
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -90,12 +90,12 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             step 150 tune python3 scripts/tune_decode_gemms.py
             cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         fi
-        step 200 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 6 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
+        step 100 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
+            tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_cuda.py -k "decode or state or tracked"
+        step 180 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 5 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
             "copy, overlap, ledger read back" \
             --out "$out/engine_throughput_cuda_08b.json"
-        step 90 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
-            tests/gpu/test_kernels_gpu.py -k "decode or state"
         step 150 gpu_engine_default python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype --vocab 248320 --repeats 2 --out "$out/gpu_engine_default.json" ;;
     tune)

@@ -146,6 +146,8 @@ ROWS = st.one_of(
                            "policy": st.sampled_from(["copy", "transfer"])}),
     st.fixed_dictionaries({"type": st.just("fault"), "seq": st.integers(0, 10**9), "name": TEXT,
                            "site": st.sampled_from(["restore", "finish donation"]), "fired": st.booleans()}),
+    st.fixed_dictionaries({"type": st.just("checksum_format"), "seq": st.integers(0, 10**9),
+                           "state": st.one_of(TEXT, st.just("hash32x2:conv|rec|rows-by-token"), st.just("1234"))}),
 )
 
 
