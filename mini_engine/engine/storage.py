@@ -19,7 +19,7 @@ from mini_engine.model import ModelConfig, SequenceState
 from mini_engine.model.state import Snapshot, pending_width, state_bytes
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.deferred import DeviceDigest
-from mini_engine.ops.checksum.memo import StateMemo
+from mini_engine.ops.checksum.memo import StateMemo, known_rows
 from mini_engine.ops.slot_layout import pool_words
 
 __all__ = ["KVStorage", "StateStorage"]
@@ -165,11 +165,35 @@ class StateStorage:
         self.forget_memos(slot)
 
     def write(self, slot: int, state: SequenceState) -> None:
+        """A forward's state written back whole (a prefill's; the reference decode's every step)."""
+        digested_kept = self._digested_kept(slot, state)
         self.conv[slot].copy_(state.conv)
         self.rec[slot].copy_(state.rec)
         rows = state.pending.shape[1]
         self.pending[slot, :, :rows].copy_(state.pending)
-        self.forget_memos(slot)
+        if self.run_rows is not None:
+            self.run_rows[slot].fill_(-1)
+        if self.memo is not None and not digested_kept:
+            self.memo.forget(slot)
+
+    def _digested_kept(self, slot: int, state: SequenceState) -> bool:
+        """Whether writing ``state`` to ``slot`` leaves the bytes its step digests' memo covers (rec and the rows
+        it digested) bit for bit as they are, so the memo holds: the reference decode writes a whole state back
+        every step, the same rec and rows and one row more. Compared on the host, a cheaper pass than hashing
+        them again; on a GPU a compare would cost what the hash does (and a sync), so the memo is forgotten."""
+        if self.memo is None or self.conv.is_cuda:
+            return False
+        known = known_rows(int(self.memo.lengths[slot]), state.length)
+        if known < 0 or state.pending.shape[1] < known:
+            return False
+        return (_same_bits(self.rec[slot], state.rec)
+                and _same_bits(self.pending[slot, :, :known], state.pending[:, :known]))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two float32 tensors hold the same bytes (-0.0 is not 0.0, a NaN is itself)."""
+    return (a.shape == b.shape and a.dtype == b.dtype == torch.float32
+            and torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)))
 
 
 class KVStorage:

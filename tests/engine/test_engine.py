@@ -340,23 +340,46 @@ def test_bfloat16_projections_serve_hits_with_the_cold_tokens(tiny_model):
 
 
 def test_the_ledger_counts_its_own_work(tiny_model):
-    """The slot ledger's own work: every byte its checksums read (one slot state per checksum field of a slot
-    row) and the host time it took; an engine without a sink counts neither."""
+    """The slot ledger's own work. Read back (state_digests="readback"), every byte of a slot state per checksum
+    field of a slot row. Tracked (the default), the same rows with the same checksums, and the digest of a live
+    state past the last one digested, in its chunk, reads conv and the rows since alone (a decode step's, a prefill
+    chunk's after the one before: the forward writes its whole state back, and the rec and rows the memo covers
+    compare equal). The host time counted too; an engine without a sink counts neither."""
     rnd = random.Random(5)
     prefix = tokens(rnd, 130)
-    rows = []
-    engines = [Engine(EngineConfig(), model=tiny_model, sink=sink) for sink in (rows.append, None)]
-    for engine in engines:
-        for n in (3, 20, 70):
-            engine.submit(prefix + tokens(rnd, n), SamplingParams(max_tokens=5))
+    prompts = [prefix + tokens(rnd, n) for n in (3, 20, 70)]
+    rows: dict[str, list] = {"readback": [], "tracked": []}
+    engines = {}
+    for mode in ("readback", "tracked", "plain"):
+        sink = rows[mode].append if mode in rows else None
+        engine = engines[mode] = Engine(EngineConfig(state_digests="readback" if mode == "readback" else "tracked"),
+                                        model=tiny_model, sink=sink)
+        for prompt in prompts:
+            engine.submit(prompt, SamplingParams(max_tokens=5))
         drive(engine)
-    ledger, plain = engines
     fields = {"slot_write": ("checksum",), "snapshot_write": ("checksum",), "clone_written": ("src_checksum", "checksum"),
               "restore_read": ("src_checksum", "checksum")}
-    expected = sum(ledger.states.nbytes(r["position"]) for r in rows for f in fields.get(r["type"], ()) if f in r)
-    assert expected > 0 and ledger.states.hashed_bytes == expected
-    assert ledger.events.host_seconds > 0
-    assert plain.states.hashed_bytes == 0 and plain.events.host_seconds == 0
+    states = engines["readback"].states
+    expected = sum(states.nbytes(r["position"]) for r in rows["readback"] for f in fields.get(r["type"], ()) if f in r)
+    assert expected > 0 and states.hashed_bytes == expected
+
+    def checksums(ledger):
+        return [(r["type"], r.get("rid"), r.get("position"), *(r.get(f) for f in fields[r["type"]]))
+                for r in ledger if r["type"] in fields]
+
+    assert checksums(rows["tracked"]) == checksums(rows["readback"])
+    conv_bytes, row_bytes = states.conv[0].nbytes, states.pending[0, :, 0].nbytes
+    last: dict[str, int] = {}
+    saved = 0
+    for r in rows["tracked"]:
+        if r["type"] == "slot_write":
+            before, position = last.get(r["rid"], -1), r["position"]
+            if 0 <= before < position and before // 64 == position // 64:  # a prefill's next chunk, a decode step
+                saved += states.nbytes(position) - conv_bytes - (position - before) * row_bytes
+            last[r["rid"]] = position
+    assert saved > 0 and engines["tracked"].states.hashed_bytes == expected - saved
+    assert engines["readback"].events.host_seconds > 0 and engines["tracked"].events.host_seconds > 0
+    assert engines["plain"].states.hashed_bytes == 0 and engines["plain"].events.host_seconds == 0
 
 
 @pytest.mark.parametrize("policy", ["copy", "transfer"])

@@ -52,6 +52,46 @@ def test_the_storages_lanes_are_the_ledgers_digests_of_its_slots():
     assert [states.nbytes(n) for n in lengths] == [states.slot_bytes(1, n).nbytes for n in lengths]
 
 
+def test_a_whole_state_written_back_keeps_the_memo_only_if_its_digested_bytes_are_the_same_bits():
+    """``StateStorage.write`` of a state one token on (the reference decode's write-back) keeps the slot's memo when
+    rec and the rows it digested compare equal bit for bit, and the next digest reads conv and the new row; a
+    write that changes any of those bits (0.0 to -0.0 in rec, one word of an old row) forgets it. Every digest
+    equals the read-back one."""
+    from mini_engine.device.sim import SimDevice
+    from mini_engine.engine.storage import StateStorage
+    from mini_engine.model import SequenceState
+    from mini_engine.model.builtin import builtin_config
+
+    states = StateStorage(builtin_config("tiny-random"), 2, SimDevice())
+    gen = torch.Generator().manual_seed(8)
+    for pool in (states.conv, states.rec, states.pending):
+        pool.copy_(torch.randn(pool.shape, generator=gen))
+    states.rec[1, 0, 0, 0, 0] = 0.0
+    slot, memo = 1, states.memo
+
+    def state(length, **change):
+        conv, rec, pending = (t.clone() for t in states.read(slot, length - 1))
+        pending = torch.cat([pending, torch.randn(pending.shape[0], 1, pending.shape[2], generator=gen)], dim=1)
+        for name, edit in change.items():
+            edit({"rec": rec, "pending": pending}[name])
+        return SequenceState(length, torch.randn(conv.shape, generator=gen), rec, pending, torch.zeros(0), torch.zeros(0))
+
+    def digest(length):
+        before = memo.host_hashed
+        (got,) = states.step_checksums([slot], [length])
+        assert got == reference_checksum(states.slot_bytes(slot, length))
+        return memo.host_hashed - before
+
+    assert digest(70) == states.nbytes(70)
+    step = states.conv[0].nbytes + states.pending[0, :, 0].nbytes
+    states.write(slot, state(71))
+    assert int(memo.lengths[slot]) == 70 and digest(71) == step
+    states.write(slot, state(72, rec=lambda rec: rec[0, 0, 0].__setitem__(0, -0.0)))
+    assert int(memo.lengths[slot]) == -1 and digest(72) == states.nbytes(72)
+    states.write(slot, state(73, pending=lambda rows: rows[0, 3].__setitem__(5, rows[0, 3, 5] + 1)))
+    assert int(memo.lengths[slot]) == -1 and digest(73) == states.nbytes(73)
+
+
 def test_single_tensor_checksum_equals_reference():
     """slot_checksum on any dtype whose bytes are whole words equals the reference; odd byte counts are refused."""
     gen = torch.Generator().manual_seed(3)

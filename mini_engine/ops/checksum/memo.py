@@ -11,7 +11,9 @@ after it, reads conv and the rows since; any other reads the whole state. That i
 who writes a slot: a decode step rewrites conv, appends its row and rewrites rec only when its token
 completes a chunk (the next digest is then in a new chunk and reads rec), and every other write of a
 slot (a restore, a clone, a fork, a prefill's write-back, a cold start) goes through
-``engine.storage.StateStorage``, which forgets the slot's memo with it.
+``engine.storage.StateStorage``, which forgets the slot's memo with it -- unless, on the host, it has
+compared the bytes the memo covers and found the write leaves them as they were (the reference
+decode writes a whole state back every step: the same rec and rows, and one row more).
 
 What a memo cannot see is a write that bypasses the storage (a kernel writing a slot it does not
 own): in rec or in rows already digested it shows at the slot's next chunk, not at its next step.
