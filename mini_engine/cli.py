@@ -156,7 +156,7 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
 @click.option("--state-digests", type=click.Choice(STATE_DIGESTS), default="tracked", show_default=True,
               help="With --ledger, how a forward's live-slot digests read the slot: tracked (a decode step reads "
                    "conv and its new row, rec once a chunk; a write that bypasses the engine's storage shows a chunk "
-                   "later) or readback (every byte every step, ~19x the bytes at the 0.8B shape).")
+                   "later) or readback (every byte every step, 16.6x the bytes at the 0.8B shape).")
 def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, decode_gemm: str,
           decode_pdl: bool | None, faults: tuple[str, ...], host: str, port: int, api_key: str | None,
           served_model_name: str | None, max_running: int, num_slots: int,

@@ -22,8 +22,8 @@ Likewise a write that races a step of the same slot on another stream (a safegua
 the step's view until the next chunk. The ledger's evidence of such races is read back regardless:
 a restore's and a clone's checksums (``restore_read``, ``clone_written``) never go through a memo.
 The read-back digests (``EngineConfig.state_digests="readback"``) read every byte every time, for
-the hunt that needs that; a decode step then reads ~19x more (the 0.8B shape: a 19 MB rec and up to
-63 rows of 0.45 MB, against 1.3 MB of conv and one row).
+the hunt that needs that; a decode step then reads 16.6x more, over a chunk (the 0.8B shape: a
+19 MB rec and up to 63 rows of 0.45 MB, against 1.3 MB of conv and one row, rec once a chunk).
 
 Here: the memo's tensors and the host computation (the sim's; the same arithmetic as
 ``reference.slot_checksum``). On a GPU ``state_triton.state_lanes`` reads and updates the same
