@@ -17,7 +17,8 @@ DEFAULT_PATTERNS = ("alternate-abandon", "saturate", "follow-up", "branch-fanout
                     "media-ab", "donate-hit")
 ENGINE_FLAGS = {"model": "--model", "faults": "--fault", "overlap": "--overlap", "device": "--device",
                 "device_seed": "--device-seed", "dtype": "--dtype", "max_running": "--max-running",
-                "num_slots": "--num-slots", "num_pages": "--num-pages", "page_size": "--page-size"}
+                "num_slots": "--num-slots", "num_pages": "--num-pages", "page_size": "--page-size",
+                "state_digests": "--state-digests"}
 HTTP_FLAGS = {"api_key": "--api-key", "headers": "--header", "model": "--model", "control_url": "--control-url",
               "timeout": "--timeout", "exact": "--exact/--inexact", "request_id_field": "--request-id-field"}
 
@@ -105,6 +106,7 @@ DTYPE_OPTION = click.option(
 
 def run_options(command):
     """What every running command takes: the target, the seed, the output, engine and HTTP options, verdicts."""
+    from mini_engine.constants import STATE_DIGESTS
     from mini_engine.faults import ALL_FAULTS, FAULTS
 
     positive = click.IntRange(min=1)
@@ -133,6 +135,10 @@ def run_options(command):
         click.option("--num-pages", type=positive, default=None, help="[embedded] KV pages."),
         click.option("--page-size", type=click.Choice(["1", "2", "4", "8", "16", "32", "64"]), default=None,
                      help="[embedded] Tokens per KV page (finish donations land on page-aligned lengths)."),
+        click.option("--state-digests", type=click.Choice(STATE_DIGESTS), default=None,
+                     help="[embedded] How the ledger digests the live slots a forward wrote: tracked (the engine's "
+                          "default: a decode step reads conv and its new row) or readback (every byte every step, "
+                          "which also sees a write that bypasses the engine's storage at the next step)."),
         click.option("--api-key", default=None, envvar="HAMMER_API_KEY",
                      help="[http] Sent as 'Authorization: Bearer KEY' (env HAMMER_API_KEY)."),
         click.option("--header", "headers", multiple=True, callback=_headers, metavar="NAME:VALUE",

@@ -32,7 +32,7 @@ __all__ = ["ENGINE_OPTIONS", "EmbeddedTarget", "LedgerWriter", "round_device_see
 
 # The engine options a run may set (EngineConfig fields), recorded in meta.json's ``engine``.
 ENGINE_OPTIONS = ("model", "overlap", "device", "device_seed", "dtype", "max_running", "num_slots", "num_pages",
-                  "page_size", "prefill_chunk", "max_context", "faults", "reference_states")
+                  "page_size", "prefill_chunk", "max_context", "faults", "reference_states", "state_digests")
 
 
 class EngineLane(Lane):

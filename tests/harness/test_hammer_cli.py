@@ -192,6 +192,8 @@ def test_diff_compares_two_runs_of_one_schedule(clean_and_transfer, tmp_path):
     (["run", "alternate-abandon", "--api-key", "k"], "--api-key"),
     (["run", "alternate-abandon", "--target", "http://127.0.0.1:1", "--fault", "donate=transfer"], "--fault"),
     (["run", "alternate-abandon", "--page-size", "3"], "--page-size"),
+    (["run", "alternate-abandon", "--state-digests", "sometimes"], "--state-digests"),
+    (["run", "alternate-abandon", "--target", "http://127.0.0.1:1", "--state-digests", "readback"], "--state-digests"),
     (["run", "alternate-abandon", "--target", "ftp://x"], "--target"),
     (["run", "no-such-pattern"], "no-such-pattern"),
     (["probe", "no-such-family"], "no-such-family"),
@@ -201,6 +203,17 @@ def test_bad_options_of_the_new_options_name_them(args, option):
     """Each bad option or value is a usage error (exit 2) that names it."""
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and option in result.output, result.output
+
+
+def test_read_back_state_digests_are_an_engine_option_of_the_run(tmp_path):
+    """--state-digests readback reaches the embedded engine and is kept in meta.json (a replay builds the same
+    engine); the ledger names the engine's checksum format."""
+    result = CliRunner().invoke(main, ["run", "alternate-abandon", "--count", "4", "--state-digests", "readback",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "last" / "meta.json").read_text())["engine"]["state_digests"] == "readback"
+    rows = [json.loads(line) for line in (tmp_path / "last" / "ledger.jsonl").read_text().splitlines()]
+    assert {r["state"] for r in rows if r["type"] == "checksum_format"} == {"hash32x2:conv|rec|rows-by-token"}
 
 
 def test_a_harness_crash_exits_2_and_keeps_the_run_directory(tmp_path, monkeypatch):
