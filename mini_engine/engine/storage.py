@@ -59,12 +59,12 @@ class StateStorage:
         self._layouts = (pool_words(self.conv, partial=False), pool_words(self.rec, partial=False),
                          pool_words(self.pending, partial=True))
 
-    def forget_memos(self, slot: int) -> None:
+    def forget_memos(self, slot: int, *, digests: bool = True) -> None:
         """The slot's bytes were written by something other than a decode step: its memos are stale (the decode
-        kernel's running copy and the step digests')."""
+        kernel's running copy, and with ``digests`` the step digests')."""
         if self.run_rows is not None:
             self.run_rows[slot].fill_(-1)
-        if self.memo is not None:
+        if self.memo is not None and digests:
             self.memo.forget(slot)
 
     def copy_slot(self, dst: int, src: int, length: int, *, recurrent: bool = True) -> None:
@@ -120,16 +120,18 @@ class StateStorage:
         return self._device_digests(slots, lengths, memo=self.memo)
 
     def _device_digests(self, slots: list[int], lengths: list[int], *, memo: StateMemo | None) -> list[DeviceDigest]:
-        index = upload(torch.tensor([slots, lengths], dtype=torch.int32), self.conv.device)
-        lanes = self._lanes(index[0], index[1], memo)
+        lanes = self._uploaded_lanes(slots, lengths, memo)
         done = DeviceDigest.event_now()
         return [DeviceDigest(lanes, done, i) for i in range(len(slots))]
 
     def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
         """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes read back whole, on the
         pools' device: one upload of the indices, one launch over the three pools (``state_lanes``), no sync."""
+        return self._uploaded_lanes(slots, lengths, None)
+
+    def _uploaded_lanes(self, slots: list[int], lengths: list[int], memo: StateMemo | None) -> torch.Tensor:
         index = upload(torch.tensor([slots, lengths], dtype=torch.int32), self.conv.device)
-        return self._lanes(index[0], index[1], None)
+        return self._lanes(index[0], index[1], memo)
 
     def step_lanes(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``step_checksums``' lane sums for distinct slots and state lengths already on the device (int32 [n]
@@ -171,10 +173,7 @@ class StateStorage:
         self.rec[slot].copy_(state.rec)
         rows = state.pending.shape[1]
         self.pending[slot, :, :rows].copy_(state.pending)
-        if self.run_rows is not None:
-            self.run_rows[slot].fill_(-1)
-        if self.memo is not None and not digested_kept:
-            self.memo.forget(slot)
+        self.forget_memos(slot, digests=not digested_kept)
 
     def _digested_kept(self, slot: int, state: SequenceState) -> bool:
         """Whether writing ``state`` to ``slot`` leaves the bytes its step digests' memo covers (rec and the rows

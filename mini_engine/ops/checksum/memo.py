@@ -65,8 +65,8 @@ class StateMemo:
         self.lengths[slot] = -1
 
     def hashed_bytes(self) -> int:
-        """The bytes the memo's digests have read (on a GPU this reads the device counter: a sync)."""
-        return self.host_hashed + (int(self.hashed.item()) if self.hashed.is_cuda else 0)
+        """The bytes the memo's digests have read, on the host and by the kernels (on a GPU a sync)."""
+        return self.host_hashed + int(self.hashed.item())
 
     def host_digest(self, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, slot: int,
                     length: int) -> int:
