@@ -120,8 +120,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES),
                         help="modes to run (the first is the base of 'vs base'); default: all (on the sim, all "
                              "but the reference prefill, which is every mode's prefill there)")
-    parser.add_argument("--profile", default=None, help="after the rounds, write torch.profiler's tables of one "
-                                                           "run of the base mode here (where its time goes)")
+    parser.add_argument("--profile", default=None, help="after the rounds, write here where the host's time goes in a run of "
+                        "the second mode (the first without one): torch.profiler's and cProfile's tables, and the "
+                        "functions it spends more host time in than the first (the base)")
     parser.add_argument("--out", default="benchmarks/engine_throughput.json")
     args = parser.parse_args()
     args.modes = args.modes or [m for m in MODES if args.device == "cuda" or m != "copy, overlap, reference prefill"]
@@ -195,12 +196,15 @@ def main() -> None:
     with open(args.out, "w") as handle:
         json.dump(rows, handle, indent=2)
     if args.profile:
-        profile(model, MODES[args.modes[0]], settings, args.profile)
+        profile(model, args.modes, settings, args.profile)
 
 
-def profile(model, options: dict, settings: dict, path: str) -> None:
-    """torch.profiler's tables (by self CPU and by self device time) of one run of ``options``, then cProfile's
-    of another (the Python functions the host's time goes to, which torch's op table does not name)."""
+def profile(model, modes: list[str], settings: dict, path: str) -> None:
+    """Where the host's time goes in a run of the examined mode: the second of ``modes`` if given (the first is the
+    base, as in the rounds), else the first. torch.profiler's tables (by self CPU and by self device time) of one
+    run of it, then cProfile's of another (the Python functions, which torch's op table does not name); with a
+    base, cProfile's of a run of the base too and the functions the examined mode spends more host time in (what it
+    adds: the ledger's own Python, say, against the same engine without it)."""
     import cProfile
     import io
     import pstats
@@ -208,24 +212,50 @@ def profile(model, options: dict, settings: dict, path: str) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    examined = modes[1] if len(modes) > 1 else modes[0]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if settings["device"] == "cuda" else [])
     with torch_profile(activities=activities) as prof:
-        seconds = run(model, options, **settings)["seconds"]
+        seconds = run(model, MODES[examined], **settings)["seconds"]
     averages = prof.key_averages()
-    python = cProfile.Profile()
-    python.enable()
-    python_seconds = run(model, options, **settings)["seconds"]
-    python.disable()
+    stats = {}  # mode -> (seconds timed under cProfile, its stats)
+    for name in dict.fromkeys([examined, modes[0]]):
+        python = cProfile.Profile()
+        python.enable()
+        timed = run(model, MODES[name], **settings)["seconds"]
+        python.disable()
+        stats[name] = (timed, pstats.Stats(python))
     with open(path, "w") as f:
-        f.write(f"{options}: {seconds:.3f} s timed under the profiler (its untimed settle pass included below)\n")
+        f.write(f"{examined}: {seconds:.3f} s timed under the profiler (its untimed settle pass included below)\n")
         f.write(averages.table(sort_by="self_cpu_time_total", row_limit=30) + "\n")
         if settings["device"] == "cuda":
             f.write(averages.table(sort_by="self_cuda_time_total", row_limit=30) + "\n")
+        timed, examined_stats = stats[examined]
         for order in ("tottime", "cumulative"):
             table = io.StringIO()
-            pstats.Stats(python, stream=table).sort_stats(order).print_stats(45)
-            f.write(f"\ncProfile of another run ({python_seconds:.3f} s timed under it), by {order}:\n"
+            examined_stats.stream = table
+            examined_stats.sort_stats(order).print_stats(45)
+            f.write(f"\ncProfile of another run of {examined} ({timed:.3f} s timed under it), by {order}:\n"
                     + table.getvalue())
+        if examined != modes[0]:
+            f.write(_profile_difference((examined, *stats[examined]), (modes[0], *stats[modes[0]])))
+
+
+def _profile_difference(examined: tuple, base: tuple, rows: int = 45) -> str:
+    """The functions ``examined``'s run spent more of its own host time in than ``base``'s (cProfile's tottime;
+    each a (mode, seconds, pstats.Stats)), largest first, with their call counts in each."""
+    (name, seconds, a), (base_name, base_seconds, b) = examined, base
+    lines = [f"\n{name} ({seconds:.3f} s) against {base_name} ({base_seconds:.3f} s), both under cProfile: the "
+             f"functions {name} spends more host time in (tottime, seconds; the positive differences' total last)",
+             f"{'extra s':>9} {'calls':>9} {'base calls':>10}  function"]
+    extra = []
+    for func, (_, calls, tottime, _, _) in a.stats.items():
+        _, base_calls, base_tottime, _, _ = b.stats.get(func, (0, 0, 0.0, 0.0, {}))
+        extra.append((tottime - base_tottime, calls, base_calls, func))
+    extra.sort(key=lambda row: -row[0])
+    for more, calls, base_calls, (file, line, function) in extra[:rows]:
+        lines.append(f"{more:9.4f} {calls:9d} {base_calls:10d}  {function} ({file}:{line})")
+    lines.append(f"{sum(max(row[0], 0.0) for row in extra):9.4f} in all")
+    return "\n".join(lines) + "\n"
 
 
 def _device_seconds(fn) -> float:

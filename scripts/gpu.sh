@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: priority | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |
+#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |
 #                                           decode | prefill | kernels
 #
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: on a GPU the package's gemm table does not name, tune first (the runs after use the
 #              table; it comes back in OUT_DIR); the GPU tests of the gemm configurations (the table's choices by
 #              this GPU's name) and of the state digests' memo (kernel and engine, against read-back digests); the
-#              ledger's rounds (tracked and read back) and the safeguards'; the engine's defaults against cuBLAS
+#              ledger's rounds (tracked and read back) and the safeguards', then where the ledger's host time goes
+#              (cProfile of a ledger run against one without: the functions it adds)
+#   second     what priority leaves, in the next call: tests/gpu whole, benchmarks/state_digests.py --device cuda
+#              (a decode step's state digests at batch 32, tracked vs read back), the engine's defaults against
+#              cuBLAS and transformers (batch 1 and 32, the roofline)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -60,11 +64,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -92,10 +96,14 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         fi
         step 100 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
             tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_cuda.py -k "decode or state or tracked"
-        step 180 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
-            --max-tokens 64 --repeats 5 --modes "copy, overlap" "safeguards off, overlap" "copy, overlap, ledger" \
-            "copy, overlap, ledger read back" \
-            --out "$out/engine_throughput_cuda_08b.json"
+        step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 5 --modes "copy, overlap" "copy, overlap, ledger" "copy, overlap, ledger read back" \
+            "safeguards off, overlap" --profile "$out/ledger_profile.txt" --out "$out/engine_throughput_cuda_08b.json"
+        sed -n '/against/,$p' "$out/ledger_profile.txt" | head -32 | cut -c1-150 ;;
+    second)
+        step 240 tests python3 -m pytest -q -p no:cacheprovider tests/gpu
+        step 90 state_digests python3 benchmarks/state_digests.py --device cuda --batch 32 \
+            --out "$out/state_digests_cuda.json"
         step 150 gpu_engine_default python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype --vocab 248320 --repeats 2 --out "$out/gpu_engine_default.json" ;;
     tune)
