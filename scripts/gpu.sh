@@ -95,7 +95,7 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         fi
         step 100 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
-            tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_cuda.py -k "decode or state or tracked"
+            tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_cuda.py -k "decode or state or tracked or landed"
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 5 --modes "copy, overlap" "copy, overlap, ledger" "copy, overlap, ledger read back" \
             "safeguards off, overlap" --profile "$out/ledger_profile.txt" --out "$out/engine_throughput_cuda_08b.json"

@@ -4,17 +4,19 @@ On CUDA a ledger checksum is a ``DeviceDigest``: the Triton kernel's lane sums (
 ``triton.checksum_lanes``; ``rows_lanes`` for the rows of a table) and an event on the stream that
 computed them, the same digest ``reference.slot_checksum`` gives on the CPU. The instrumentation queues
 rows holding one and reads a whole batch of them back in one copy once their events have completed
-(``mini_engine.instrument``). A check that must land in a device tensor (the logits') is
+(``mini_engine.instrument``), on a stream of its own (``read_landed``: not behind the steps queued since). A check that must land in a device tensor (the logits') is
 ``triton.row_digests``.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mini_engine.instrument import Deferred
 
-__all__ = ["DeviceDigest", "DigestEquals", "rows_lanes"]
+__all__ = ["DeviceDigest", "DigestEquals", "read_landed", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
@@ -57,7 +59,7 @@ class DeviceDigest(Deferred):
             if id(v.lanes) not in batches:
                 batches[id(v.lanes)] = (v.lanes.view(-1, 2), first)
                 first += batches[id(v.lanes)][0].shape[0]
-        read = digests(torch.cat([lanes for lanes, _ in batches.values()]))  # one copy back for the batch
+        read = digests(read_landed([lanes for lanes, _ in batches.values()]))  # one copy back for the batch
         return [v.finish(read[batches[id(v.lanes)][1] + (v.row or 0)]) for v in values]
 
 
@@ -73,6 +75,33 @@ class DigestEquals(DeviceDigest):
 
     def finish(self, value: int) -> bool:
         return value == self.expected
+
+
+def read_landed(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The rows of ``tensors`` (each [n, k], one dtype) together on the host, for device tensors whose values have
+    landed (the events of the work that wrote them have passed) and that nothing writes any more.
+
+    A plain read-back (``.tolist()``, ``.cpu()``) is a copy on the current stream, so it waits for everything queued
+    there, the steps launched since those values landed included: the host would stop running ahead of the device
+    at every flush of the ledger. Here the copy runs on a stream of its own, which depends on nothing (the values
+    are final), and only that stream is waited for. The tensors stay referenced until it has run, so the caching
+    allocator cannot hand their memory to other work first."""
+    if not tensors[0].is_cuda:
+        return torch.cat(tensors)
+    side = _reader(tensors[0].device)
+    host = torch.empty((sum(t.shape[0] for t in tensors), *tensors[0].shape[1:]), dtype=tensors[0].dtype,
+                       pin_memory=True)
+    with torch.cuda.stream(side):
+        rows = tensors[0] if len(tensors) == 1 else torch.cat(tensors)  # made and freed on the side stream
+        host.copy_(rows, non_blocking=True)
+    side.synchronize()
+    return host
+
+
+@functools.lru_cache(maxsize=None)
+def _reader(device: torch.device) -> torch.cuda.Stream:
+    """The side stream ``read_landed`` copies on (one per device, made once)."""
+    return torch.cuda.Stream(device)
 
 
 def rows_lanes(table: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
