@@ -244,9 +244,9 @@ def _profile_difference(examined: tuple, base: tuple, rows: int = 45) -> str:
     """The functions ``examined``'s run spent more of its own host time in than ``base``'s (cProfile's tottime;
     each a (mode, seconds, pstats.Stats)), largest first, with their call counts in each."""
     (name, seconds, a), (base_name, base_seconds, b) = examined, base
-    lines = [f"\n{name} ({seconds:.3f} s) against {base_name} ({base_seconds:.3f} s), both under cProfile: the "
-             f"functions {name} spends more host time in (tottime, seconds; the positive differences' total last)",
-             f"{'extra s':>9} {'calls':>9} {'base calls':>10}  function"]
+    title = (f"\n{name} ({seconds:.3f} s) against {base_name} ({base_seconds:.3f} s), both under cProfile: the "
+             f"functions {name} spends more host time in (tottime, seconds; the positive differences' total last)")
+    lines = [title, f"{'extra s':>9} {'calls':>9} {'base calls':>10}  function"]
     extra = []
     for func, (_, calls, tottime, _, _) in a.stats.items():
         _, base_calls, base_tottime, _, _ = b.stats.get(func, (0, 0, 0.0, 0.0, {}))

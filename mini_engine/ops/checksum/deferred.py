@@ -98,7 +98,7 @@ def read_landed(tensors: list[torch.Tensor]) -> torch.Tensor:
     return host
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _reader(device: torch.device) -> torch.cuda.Stream:
     """The side stream ``read_landed`` copies on (one per device, made once)."""
     return torch.cuda.Stream(device)
