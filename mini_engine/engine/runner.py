@@ -25,7 +25,7 @@ from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
 from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, rows_lanes
+from mini_engine.ops.checksum.deferred import DeviceDigests, rows_lanes
 
 __all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
 
@@ -196,40 +196,58 @@ class ModelRunner:
         batch.sampled[:, 0].index_copy_(0, rows, tokens)
         if self.events.enabled:  # the batch's digests together: a few launches or none, not a few per item
             with self.events.timing():
-                written, reads = self._decode_digests(batch, rows, items, counts, table[: len(items)], logits,
-                                                      digests)
-        for r, it in enumerate(items):
+                self._report_step(batch.index, items, self._decode_digests(batch, rows, items, counts,
+                                                                             table[: len(items)], logits, digests))
+        for it in items:
             # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
-            wrote_track = it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer
-            if wrote_track:
+            if it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer:
                 live = it.live_slot
                 self.states.write_snapshot(it.track.slot,
                                            Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
-            if self.events.enabled:
-                self._report_writes(batch.index, it, written[r], wrote_track, reads[r])
+                if self.events.enabled:
+                    self._report_snapshot(batch.index, it)
 
     def _decode_digests(self, batch: Batch, rows: torch.Tensor, items: list[BatchItem], counts: list[int],
-                        table: torch.Tensor, logits: torch.Tensor, digests: tuple) -> tuple[list, list]:
-        """The ledger's digests of a decode step: per item the checksum of the state its slot was left with and
-        the (checksum, match) of the page-table row the step read against the staged one; the logits' checks go
-        into the batch's results. On CUDA one device computation (``step_digests``), ``digests`` when the step's
-        graph replayed it; on the sim host ints."""
+                        table: torch.Tensor, logits: torch.Tensor, digests: tuple) -> DeviceDigests | list[int]:
+        """The ledger's digests of a decode step, 2B of them: the checksums of the states the items' slots were left
+        with, then of the page-table rows the step read; the logits' checks go into the batch's results. On CUDA
+        one device computation (``step_digests``; ``digests`` when the step's graph replayed it), read back
+        later; on the sim host ints."""
         slots, lengths = [it.live_slot for it in items], [it.start + 1 for it in items]
         if not logits.is_cuda:
             batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
-            return self.states.step_checksums(slots, lengths), self._table_reads(items, table)
+            return [*self.states.step_checksums(slots, lengths),
+                    *(slot_checksum(row[: len(it.pages)]) for it, row in zip(items, table))]
         if not digests:  # the step ran eagerly: the same computation, launched now
             host = step_inputs(slots, [it.start for it in items], counts)
             digests = step_digests(self.states, upload(host, logits.device), table, logits)
         lanes, checks = digests
         batch.sampled[:, 1].index_copy_(0, rows, checks)
-        lanes = lanes.clone()  # a graph's outputs are its own: its next replay overwrites them
         self.states.count_step(lengths)
-        done = DeviceDigest.event_now()
-        state, read = lanes[0], lanes[1]
-        return ([DeviceDigest(state, done, r) for r in range(len(items))],
-                [(DeviceDigest(read, done, r), DigestEquals(read, self._staged_digest(it.pages), done, r))
-                 for r, it in enumerate(items)])
+        return DeviceDigests(lanes.clone())  # a graph's outputs are its own: its next replay overwrites them
+
+    def _report_step(self, batch: int, items: list[BatchItem], digests: DeviceDigests | list[int]) -> None:
+        """A decode step's ledger rows, made together once its ``digests`` land (``Instrumentation.emit_rows``):
+        per item the ``slot_write`` of the state its slot was left with and the ``decode_metadata`` of the page
+        table the step read against the one staged for it (the metadata a kernel really saw)."""
+        n = len(items)
+        known = [(it.request.rid, it.live_slot, it.start + 1, self._staged_digest(it.pages)) for it in items]
+
+        def rows(digests: list[int]):
+            for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
+                yield "slot_write", {"batch": batch, "rid": rid, "slot": slot, "role": "live", "position": position,
+                                     "checksum": written}
+                yield "decode_metadata", {"batch": batch, "rid": rid, "read_checksum": read,
+                                          "staged_checksum": staged, "match": read == staged}
+
+        self.events.emit_rows(2 * n, digests, rows)
+
+    def _report_snapshot(self, batch: int, it: BatchItem) -> None:
+        """The ledger row of the snapshot ``it`` wrote to its track slot (its checksum launched now, after the write)."""
+        with self.events.timing():
+            track = it.track
+            self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=track.slot,
+                             position=track.position, checksum=self.states.checksum(track.slot, track.position))
 
     def _report_writes(self, batch: int, it: BatchItem, written, wrote_track: bool, read) -> None:
         """Device-side ledger rows: the checksum ``written`` of what this forward left in the live slot, of the
@@ -240,9 +258,7 @@ class ModelRunner:
             self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
                              position=it.start + it.length, checksum=written)
             if wrote_track:
-                track = it.track
-                self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=track.slot,
-                                 position=track.position, checksum=self.states.checksum(track.slot, track.position))
+                self._report_snapshot(batch, it)
             if it.tokens is None:
                 read_checksum, match = read
                 self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read_checksum,

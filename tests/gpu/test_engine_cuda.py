@@ -158,7 +158,7 @@ def test_landed_digests_are_read_without_waiting_for_work_queued_after_them():
     compute stream would wait for it: the host would stop running ahead of the device at every flush)."""
     import torch
 
-    from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals
+    from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests
     from mini_engine.ops.checksum.reference import join_lanes
 
     first = torch.arange(8, dtype=torch.int64, device="cuda").view(4, 2) * 977
@@ -167,11 +167,10 @@ def test_landed_digests_are_read_without_waiting_for_work_queued_after_them():
     done.synchronize()
     torch.cuda._sleep(1 << 31)  # about a second of GPU clock cycles, queued after the digests landed
     later = DeviceDigest.event_now()
-    values = [DeviceDigest(first, done, 3), DigestEquals(second, join_lanes((7, 8)), done, 1),
-              DeviceDigest(second, done, 0), DeviceDigest(first, done, 0)]
+    values = [DeviceDigest(first, done, 3), DeviceDigests(second, done), DeviceDigest(first, done, 0)]
     got = DeviceDigest.resolve_all(values)
     assert not later.query(), "the read waited for the work queued after the digests"
-    assert got == [join_lanes((5862, 6839)), True, join_lanes((5, 6)), join_lanes((0, 977))]
+    assert got == [join_lanes((5862, 6839)), [join_lanes((5, 6)), join_lanes((7, 8))], join_lanes((0, 977))]
 
 
 def test_the_ledger_reads_device_checksums_as_ints(cuda_model):

@@ -111,11 +111,12 @@ def test_without_a_sink_nothing_queues():
 
 def test_device_digests_resolve_to_the_reference_digests():
     """The ledger's deferred digests (lane sums of table rows cut to their lengths, as the runner takes them)
-    read back to ``slot_checksum`` of the same bytes, and ``DigestEquals`` compares against a host digest."""
+    read back to ``slot_checksum`` of the same bytes, one row each (``DeviceDigest``) or a batch's all together
+    (``DeviceDigests``), both kinds in one read-back."""
     import torch
 
     from mini_engine.ops.checksum import slot_checksum
-    from mini_engine.ops.checksum.deferred import DeviceDigest, DigestEquals, rows_lanes
+    from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests, rows_lanes
 
     class Done:  # an event that has completed
         def query(self):
@@ -130,17 +131,17 @@ def test_device_digests_resolve_to_the_reference_digests():
     want = [slot_checksum(row[:n]) for row, n in zip(table, lengths)]
     digests = [DeviceDigest(lanes, Done(), r) for r in range(3)]  # rows of one batch's lanes
     assert all(d.ready() for d in digests) and DeviceDigest.resolve_all(digests) == want
-    equals = [DigestEquals(lanes, want[0], Done(), 0), DigestEquals(lanes[1], want[0], Done())]
-    assert DigestEquals.resolve_all(equals) == [True, False]
-    # both kinds, a batch's rows and a lone digest's lanes, in one call (as a flush reads them back)
-    mixed = [digests[2], equals[0], DeviceDigest(lanes[1], Done()), equals[1], digests[0]]
-    assert DeviceDigest.resolve_all(mixed) == [want[2], True, want[1], False, want[0]]
-    whole = DeviceDigest.resolve_all([DeviceDigest(lanes, Done()) for lanes in rows_lanes(table)])
-    assert whole == [slot_checksum(row) for row in table]
+    whole = rows_lanes(table)
+    batches = [DeviceDigests(lanes[1:], Done()), DeviceDigests(whole, Done())]
+    assert DeviceDigests.resolve_all(batches) == [want[1:], [slot_checksum(row) for row in table]]
+    # both kinds, a batch's rows, a lone digest's lanes and whole batches, in one call (as a flush reads them back)
+    mixed = [digests[2], batches[1], DeviceDigest(lanes[1], Done()), batches[0], digests[0]]
+    whole_want = [slot_checksum(row) for row in table]
+    assert DeviceDigest.resolve_all(mixed) == [want[2], whole_want, want[1], want[1:], want[0]]
 
 
 def test_kinds_that_share_a_read_back_are_read_back_in_one_call(rows):
-    """A subclass that keeps its parent's ``resolve_all`` (``DigestEquals`` of ``DeviceDigest``) is read back in the
+    """A subclass that keeps its parent's ``resolve_all`` (``DeviceDigests`` of ``DeviceDigest``) is read back in the
     same call as the parent's values, one copy a flush; a kind with its own ``resolve_all`` gets its own call."""
     calls = []
 

@@ -2,10 +2,11 @@
 
 On CUDA a ledger checksum is a ``DeviceDigest``: the Triton kernel's lane sums ([2] int64,
 ``triton.checksum_lanes``; ``rows_lanes`` for the rows of a table) and an event on the stream that
-computed them, the same digest ``reference.slot_checksum`` gives on the CPU. The instrumentation queues
-rows holding one and reads a whole batch of them back in one copy once their events have completed
-(``mini_engine.instrument``), on a stream of its own (``read_landed``: not behind the steps queued since). A check that must land in a device tensor (the logits') is
-``triton.row_digests``.
+computed them, the same digest ``reference.slot_checksum`` gives on the CPU; ``DeviceDigests`` is all of a
+batch's as one value (a decode step's rows, made together). The instrumentation queues rows holding one and
+reads a whole batch of them back in one copy once their events have completed (``mini_engine.instrument``), on
+a stream of its own (``read_landed``: not behind the steps queued since). A check that must land in a device
+tensor (the logits') is ``triton.row_digests``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from mini_engine.instrument import Deferred
 
-__all__ = ["DeviceDigest", "DigestEquals", "read_landed", "rows_lanes"]
+__all__ = ["DeviceDigest", "DeviceDigests", "read_landed", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
@@ -45,8 +46,9 @@ class DeviceDigest(Deferred):
     def wait(self) -> None:
         self.event.synchronize()
 
-    def finish(self, value: int):
-        return value
+    def finish(self, read: list[int], first: int):
+        """Its value from ``read``, the digests of the values read back together, its lanes' from ``first`` on."""
+        return read[first + (self.row or 0)]
 
     @classmethod
     def resolve_all(cls, values: list[DeviceDigest]) -> list:
@@ -60,21 +62,20 @@ class DeviceDigest(Deferred):
                 batches[id(v.lanes)] = (v.lanes.view(-1, 2), first)
                 first += batches[id(v.lanes)][0].shape[0]
         read = digests(read_landed([lanes for lanes, _ in batches.values()]))  # one copy back for the batch
-        return [v.finish(read[batches[id(v.lanes)][1] + (v.row or 0)]) for v in values]
+        return [v.finish(read, batches[id(v.lanes)][1]) for v in values]
 
 
-class DigestEquals(DeviceDigest):
-    """Whether the device digest equals ``expected`` (a host digest), once it has landed."""
+class DeviceDigests(DeviceDigest):
+    """All the digests of a batch's ``lanes`` [n, 2], as one value: a list of n ints once read back (a step's rows
+    made together, ``Instrumentation.emit_rows``)."""
 
-    __slots__ = ("expected",)
+    __slots__ = ()
 
-    def __init__(self, lanes: torch.Tensor, expected: int, event: torch.cuda.Event | None = None,
-                 row: int | None = None) -> None:
-        super().__init__(lanes, event, row)
-        self.expected = expected
+    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event | None = None) -> None:
+        super().__init__(lanes.view(-1, 2), event)
 
-    def finish(self, value: int) -> bool:
-        return value == self.expected
+    def finish(self, read: list[int], first: int) -> list[int]:
+        return read[first: first + self.lanes.shape[0]]
 
 
 def read_landed(tensors: list[torch.Tensor]) -> torch.Tensor:
