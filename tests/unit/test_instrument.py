@@ -163,3 +163,48 @@ def test_kinds_that_share_a_read_back_are_read_back_in_one_call(rows):
     assert calls == [["Counted", "Flag", "Flag"]]
     assert [(r.get("checksum"), r.get("match"), r.get("read_checksum"), r.get("other")) for r in rows] == [
         (1, 2, None, None), (None, None, 3, 4)]
+
+
+def test_a_steps_rows_take_their_seqs_when_emitted_and_are_made_once_their_value_lands(rows):
+    """``emit_rows``: a step's rows queue as one, numbered when emitted, made by ``build`` from their one value
+    only once it has landed (read back with the other landed values), and the rows after them wait."""
+    events = Instrumentation(rows.append)
+    made = []
+    digests = Landing([7, 8])
+
+    def build(values):
+        made.append(values)
+        return [("slot_write", {"slot": 1, "checksum": values[0]}), ("decode_metadata", {"read_checksum": values[1]})]
+
+    events.emit("host", n=1)
+    events.emit_rows(2, digests, build)
+    events.emit("restore_read", checksum=Landing(9))
+    assert [r["type"] for r in rows] == ["host"] and events.pending == 3 and made == []
+    digests.landed = True
+    events.flush()
+    assert made == [[7, 8]] and events.pending == 1 and Landing.reads == [1]
+    events.flush(wait=True)
+    assert [(r["seq"], r["type"], r.get("checksum", r.get("read_checksum", r.get("n")))) for r in rows] == [
+        (1, "host", 1), (2, "slot_write", 7), (3, "decode_metadata", 8), (4, "restore_read", 9)]
+    assert rows[1] == {"type": "slot_write", "step": 0, "seq": 2, "slot": 1, "checksum": 7}
+
+
+def test_rows_of_host_values_go_at_once_unless_rows_wait_before_them(rows):
+    events = Instrumentation(rows.append)
+    events.emit_rows(1, [5], lambda v: [("slot_write", {"checksum": v[0]})])
+    assert [(r["seq"], r["checksum"]) for r in rows] == [(1, 5)]
+    events.emit("restore_read", checksum=Landing(6))
+    events.emit_rows(1, [7], lambda v: [("slot_write", {"checksum": v[0]})])
+    assert len(rows) == 1 and events.pending == 2
+    events.flush(wait=True)
+    assert [(r["seq"], r["checksum"]) for r in rows] == [(1, 5), (2, 6), (3, 7)]
+
+
+def test_a_step_must_make_the_rows_it_promised(rows):
+    """Its seqs were taken when it was emitted: making more or fewer rows would break the numbering."""
+    events = Instrumentation(rows.append)
+    with pytest.raises(RuntimeError, match="promised 2 rows and made 1"):
+        events.emit_rows(2, [5], lambda v: [("slot_write", {"checksum": v[0]})])
+    unused = []
+    Instrumentation().emit_rows(2, [5], lambda v: unused.append(v) or [])
+    assert unused == [], "without a sink nothing is made"

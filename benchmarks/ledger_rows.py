@@ -1,0 +1,148 @@
+"""The host time of a decode step's ledger rows: one ``emit`` a row against the step's rows made together.
+
+A decode step of B sequences gives the ledger 2B rows (each sequence's ``slot_write`` and ``decode_metadata``)
+whose checksums are device values. Emitted a row at a time, each row carries ``DeviceDigest`` fields (one object
+per field), is queued, checked for landing and resolved field by field at the flush. ``Instrumentation.emit_rows``
+queues the step as one entry with one value (``DeviceDigests``, the step's 2B digests) and makes its rows only
+once that has landed. Both ways run here on the same lanes with the same sink, the instrumentation's own host time
+(``host_seconds``: emit and flush, the sink included) per row compared in one process; a host-valued ``emit`` a
+row (no device values at all: the floor of building a row) is shown beside them. The lanes live on ``--device``
+(on cuda, real events and the side-stream read-back; on the CPU, events that have passed).
+
+Usage: ``python benchmarks/ledger_rows.py [--device cpu|cuda] [--batch B] [--steps N] [--repeats R] [--out F]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+
+import torch
+
+from mini_engine.instrument import Instrumentation
+from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests
+
+
+class Passed:
+    """A CPU stand-in for a CUDA event that has completed."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+def step_rows(batch: int) -> list[tuple[str, int, int, int]]:
+    """Each sequence of a step: (rid, slot, position, staged page-table digest)."""
+    return [(f"r{b}", b + 1, 100 + b, 0x5EED + b) for b in range(batch)]
+
+
+def per_row(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:
+    """A row at a time, a ``DeviceDigest`` per device field (the runner's way before ``emit_rows``)."""
+    n = len(known)
+    for r, (rid, slot, position, staged) in enumerate(known):
+        events.emit("slot_write", batch=1, rid=rid, slot=slot, role="live", position=position,
+                    checksum=DeviceDigest(lanes, event, r))
+        read = DeviceDigest(lanes, event, n + r)
+        events.emit("decode_metadata", batch=1, rid=rid, read_checksum=read, staged_checksum=staged,
+                    match=_Equals(lanes, event, n + r, staged))
+
+
+class _Equals(DeviceDigest):
+    """Whether the digest equals a host digest (the per-row way's match field)."""
+
+    __slots__ = ("expected",)
+
+    def __init__(self, lanes, event, row, expected) -> None:
+        super().__init__(lanes, event, row)
+        self.expected = expected
+
+    def finish(self, read, first):
+        return super().finish(read, first) == self.expected
+
+
+def together(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:
+    """The step's rows as one entry (the runner's ``_report_step``)."""
+    n = len(known)
+
+    def rows(digests):
+        for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
+            yield "slot_write", {"batch": 1, "rid": rid, "slot": slot, "role": "live", "position": position,
+                                 "checksum": written}
+            yield "decode_metadata", {"batch": 1, "rid": rid, "read_checksum": read, "staged_checksum": staged,
+                                      "match": read == staged}
+
+    events.emit_rows(2 * n, DeviceDigests(lanes, event), rows)
+
+
+def host_rows(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:
+    """Host values, a row at a time: no device value to wait for or read back (the floor)."""
+    for rid, slot, position, staged in known:
+        events.emit("slot_write", batch=1, rid=rid, slot=slot, role="live", position=position, checksum=staged)
+        events.emit("decode_metadata", batch=1, rid=rid, read_checksum=staged, staged_checksum=staged, match=True)
+
+
+WAYS = {"one emit a row": per_row, "emit_rows (the step together)": together, "host values, one emit a row": host_rows}
+
+
+def run(way, device: str, batch: int, steps: int) -> tuple[float, list[dict]]:
+    """The instrumentation's host seconds per row over ``steps`` steps, and the rows the sink got."""
+    rows: list[dict] = []
+    events = Instrumentation(rows.append)
+    known = step_rows(batch)
+    lanes = torch.randint(0, 1 << 31, (2 * batch, 2), generator=torch.Generator().manual_seed(0),
+                          dtype=torch.int64).to(device)
+    gc.collect()
+    gc.disable()  # as timeit does: a collection inside one way's run is noise, not that way's cost
+    try:
+        for _ in range(steps):
+            step_lanes = lanes.clone()  # as the runner clones the graph's outputs each step
+            event = DeviceDigest.event_now() if device == "cuda" else Passed()
+            way(events, step_lanes, known, event)
+            events.step += 1
+            events.flush()
+        events.flush(wait=True)
+    finally:
+        gc.enable()
+    return events.host_seconds / len(rows), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", default="benchmarks/ledger_rows.json")
+    args = parser.parse_args()
+    for way in WAYS.values():  # warm-up, discarded
+        run(way, args.device, args.batch, 10)
+    seconds: dict[str, list[float]] = {name: [] for name in WAYS}
+    made = {}
+    for _ in range(args.repeats):  # interleaved: drift on a noisy machine hits every way alike
+        for name, way in WAYS.items():
+            per, made[name] = run(way, args.device, args.batch, args.steps)
+            seconds[name].append(per)
+    first, second = made["one emit a row"], made["emit_rows (the step together)"]
+    if first != second:
+        raise SystemExit("the two ways made different rows")
+    base = statistics.median(seconds["one emit a row"])
+    results = {"device": args.device, "batch": args.batch, "steps": args.steps, "repeats": args.repeats,
+               "rows_a_run": len(first), "ways": {}}
+    print(f"a decode step's ledger rows, batch {args.batch}, {args.steps} steps ({len(first)} rows), {args.device}; "
+          f"median of {args.repeats} interleaved runs")
+    print(f"{'way':34} {'us a row':>9} {'[min, max]':>16} {'vs one emit a row':>18}")
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        results["ways"][name] = {"seconds_a_row": median, "all": values, "vs_one_emit_a_row": median / base}
+        print(f"{name:34} {median * 1e6:9.2f} [{min(values) * 1e6:6.2f}, {max(values) * 1e6:6.2f}] "
+              f"{median / base:18.3f}")
+    with open(args.out, "w") as handle:
+        json.dump(results, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
