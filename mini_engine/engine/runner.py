@@ -25,6 +25,7 @@ from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
 from mini_engine.ops.checksum import slot_checksum
+from mini_engine.ops.checksum.reference import checksum_ints
 from mini_engine.ops.checksum.deferred import DeviceDigests, rows_lanes
 
 __all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
@@ -279,7 +280,7 @@ class ModelRunner:
         if digest is None:
             if len(self._staged_digests) >= _STAGED_DIGESTS:
                 self._staged_digests.clear()
-            digest = self._staged_digests[pages] = slot_checksum(torch.tensor(pages, dtype=torch.int32))
+            digest = self._staged_digests[pages] = checksum_ints(pages)
         return digest
 
     def _gather(self, it: BatchItem, pages: list[int]) -> SequenceState:

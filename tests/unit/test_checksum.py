@@ -66,3 +66,21 @@ def test_position_and_content_not_layout():
     assert slot_checksum(t) == slot_checksum(t.clone().reshape(64))
     assert slot_checksum(t.t().contiguous().t()) == slot_checksum(t)
     assert 0 <= slot_checksum(t) < 2**64
+
+
+def test_checksum_ints_is_the_digest_of_the_int32_tensor():
+    """The plain-Python digest of a short list of ints (a staged page table) is ``slot_checksum`` of the same
+    values as an int32 tensor: sign bits set and clear, the empty list; values beyond int32 are refused."""
+    import random
+
+    import pytest
+
+    from mini_engine.ops.checksum.reference import checksum_ints
+
+    rnd = random.Random(5)
+    for n in (0, 1, 7, 33):
+        values = [rnd.randrange(-(1 << 31), 1 << 31) for _ in range(n)]
+        assert checksum_ints(values) == slot_checksum(torch.tensor(values, dtype=torch.int32))
+    assert checksum_ints((3, 4, 5)) == slot_checksum(torch.tensor([3, 4, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match="int32 values; got 2147483648 at index 1"):
+        checksum_ints([0, 1 << 31])

@@ -16,9 +16,11 @@ masking passes of int64 lanes held below 2^32 (4-5x faster on a CPU at a slot's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-__all__ = ["checksum_words", "join_lanes", "slot_checksum", "word_lanes"]
+__all__ = ["checksum_ints", "checksum_words", "join_lanes", "slot_checksum", "word_lanes"]
 
 _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B
@@ -86,6 +88,24 @@ def join_lanes(lanes: tuple[int, int]) -> int:
 def checksum_words(words: torch.Tensor) -> int:
     """Digest of a 1-D tensor of 32-bit words: its two lanes (``word_lanes``) are the digest's halves."""
     return join_lanes(word_lanes(words))
+
+
+def checksum_ints(values: Sequence[int]) -> int:
+    """``slot_checksum(torch.tensor(values, dtype=torch.int32))`` in plain Python, for the short lists the ledger
+    digests on the host (a staged page table: a few dozen ids), where the tensor path's fixed cost is all of its
+    cost (15 ids on the 2-core VM: 43 us that way, 14 us this way)."""
+    lanes = []
+    for offset in _LANE_OFFSETS:
+        total = 0
+        for index, value in enumerate(values):
+            if not -(1 << 31) <= value < 1 << 31:
+                raise ValueError(f"checksum_ints digests int32 values; got {value} at index {index}")
+            x = (value + index * offset) & _MASK32
+            for _ in range(2):
+                x = ((x ^ (x >> 16)) * _MIX) & _MASK32
+            total += x ^ (x >> 16)
+        lanes.append(total)
+    return join_lanes((lanes[0], lanes[1]))
 
 
 def slot_checksum(tensor: torch.Tensor) -> int:
