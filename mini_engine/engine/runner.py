@@ -24,8 +24,7 @@ from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
-from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.reference import checksum_ints
+from mini_engine.ops.checksum import checksum_ints, slot_checksum
 from mini_engine.ops.checksum.deferred import DeviceDigests, rows_lanes
 
 __all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
