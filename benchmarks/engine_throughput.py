@@ -120,9 +120,10 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=list(MODES),
                         help="modes to run (the first is the base of 'vs base'); default: all (on the sim, all "
                              "but the reference prefill, which is every mode's prefill there)")
-    parser.add_argument("--profile", default=None, help="after the rounds, write here where the host's time goes in a run of "
-                        "the second mode (the first without one): torch.profiler's and cProfile's tables, and the "
-                        "functions it spends more host time in than the first (the base)")
+    parser.add_argument("--profile", default=None,
+                        help="after the rounds, write here where the host's time goes in a run of the second mode (the "
+                             "first without one): torch.profiler's and cProfile's tables, and the functions it spends "
+                             "more host time in than the first (the base)")
     parser.add_argument("--out", default="benchmarks/engine_throughput.json")
     args = parser.parse_args()
     args.modes = args.modes or [m for m in MODES if args.device == "cuda" or m != "copy, overlap, reference prefill"]

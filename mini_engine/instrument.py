@@ -158,7 +158,7 @@ class Instrumentation:
 
 
 class _Rows:
-    """``emit_rows``' rows, queued as one: the one field ``values`` (a row's keys, for the queue) and what makes them."""
+    """``emit_rows``' rows, queued as one: their one field ``values`` (a row's keys, for the queue), what makes them."""
 
     KEYS = ("values",)
     __slots__ = ("build", "count", "seq", "step", "values")

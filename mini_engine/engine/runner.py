@@ -243,7 +243,7 @@ class ModelRunner:
         self.events.emit_rows(2 * n, digests, rows)
 
     def _report_snapshot(self, batch: int, it: BatchItem) -> None:
-        """The ledger row of the snapshot ``it`` wrote to its track slot (its checksum launched now, after the write)."""
+        """The ledger row of the snapshot ``it`` wrote to its track slot (its checksum launched now, after it)."""
         with self.events.timing():
             track = it.track
             self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=track.slot,
