@@ -191,7 +191,8 @@ def main() -> None:
             ledger["device_floor"] = ledger["checksum_seconds"] / seconds
             print(f"  the ledger's checksums at this GPU's {rate / 1e12:.2f} TB/s of slot hashed: "
                   f"{ledger['checksum_seconds'] * 1e3:.1f} ms of device time, alone {ledger['device_floor']:.2%} of "
-                  f"the base's run; with its host time, {ledger['fraction']:.2%} of its run")
+                  f"the base's run; with its host time, {ledger['fraction']:.2%} of its run (a bound: host work that "
+                  f"runs while the device is busy costs no wall time; the ratio above is the cost)")
     rows = {"settings": {**settings, "shape": args.shape, "repeats": args.repeats}, "runs": rows, "summary": summary,
             "safeguard_bound": bound, "ledger_work": ledger}
     with open(args.out, "w") as handle:
