@@ -171,8 +171,7 @@ class ModelRunner:
             written = self.states.step_checksums([it.live_slot for it in items],
                                                  [it.start + it.length for it in items])
             for i, it, checksum, track in zip(indices, items, written, wrote_track):
-                read = None if it.tokens is not None else \
-                    self._table_reads([it], torch.tensor(pages[i], dtype=torch.int32)[None])[0]
+                read = None if it.tokens is not None else checksum_ints(pages[i][: len(it.pages)])
                 self._report_writes(batch.index, it, checksum, track, read)
 
     def _decode_in_place(self, batch: Batch, indices: list[int], table: torch.Tensor) -> None:
@@ -217,7 +216,7 @@ class ModelRunner:
         if not logits.is_cuda:
             batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
             return [*self.states.step_checksums(slots, lengths),
-                    *(slot_checksum(row[: len(it.pages)]) for it, row in zip(items, table))]
+                    *(checksum_ints(row[: len(it.pages)].tolist()) for it, row in zip(items, table))]
         if not digests:  # the step ran eagerly: the same computation, launched now
             host = step_inputs(slots, [it.start for it in items], counts)
             digests = step_digests(self.states, upload(host, logits.device), table, logits)
@@ -251,26 +250,18 @@ class ModelRunner:
 
     def _report_writes(self, batch: int, it: BatchItem, written, wrote_track: bool, read) -> None:
         """Device-side ledger rows: the checksum ``written`` of what this forward left in the live slot, of the
-        snapshot it wrote, and (a decode item) ``read`` = (checksum, match) of the page table the step read
-        against the one staged for it (the metadata a kernel really saw). On CUDA the checksums stay on the
-        device until the ledger reads them (``ops.checksum.deferred``)."""
+        snapshot it wrote, and (a decode item) the checksum ``read`` of the page table the step read (cut to its
+        pages), matched against the one staged for it (the metadata a kernel really saw). On CUDA the state
+        checksums stay on the device until the ledger reads them (``ops.checksum.deferred``)."""
         with self.events.timing():
             self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
                              position=it.start + it.length, checksum=written)
             if wrote_track:
                 self._report_snapshot(batch, it)
             if it.tokens is None:
-                read_checksum, match = read
-                self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read_checksum,
-                                 staged_checksum=self._staged_digest(it.pages), match=match)
-
-    def _table_reads(self, items: list[BatchItem], table: torch.Tensor) -> list[tuple | None]:
-        """Per item, the (checksum, match) of the page-table row a decode step read (host ``table`` row r, cut to
-        the item's pages) against its staged pages; None for a prefill item. (On CUDA: ``step_digests``.)"""
-        return [None if it.tokens is not None else
-                (slot_checksum(row[: len(it.pages)]),
-                 bool(torch.equal(row[: len(it.pages)], torch.tensor(it.pages, dtype=torch.int32))))
-                for it, row in zip(items, table)]
+                staged = self._staged_digest(it.pages)
+                self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read,
+                                 staged_checksum=staged, match=read == staged)
 
     def _staged_digest(self, pages: tuple[int, ...]) -> int:
         """The checksum of a staged page table (a host computation, remembered: a sequence's pages change
