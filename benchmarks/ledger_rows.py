@@ -7,7 +7,8 @@ queues the step as one entry with one value (``DeviceDigests``, the step's 2B di
 once that has landed. Both ways run here on the same lanes with the same sink, the instrumentation's own host time
 (``host_seconds``: emit and flush, the sink included) per row compared in one process; a host-valued ``emit`` a
 row (no device values at all: the floor of building a row) is shown beside them. The lanes live on ``--device``
-(on cuda, real events and the side-stream read-back; on the CPU, events that have passed).
+(on cuda, real events and the lanes copied to pinned host memory each step, as the runner does; on the CPU,
+events that have passed).
 
 Usage: ``python benchmarks/ledger_rows.py [--device cpu|cuda] [--batch B] [--steps N] [--repeats R] [--out F]``.
 """
@@ -22,7 +23,7 @@ import statistics
 import torch
 
 from mini_engine.instrument import Instrumentation
-from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests
+from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests, on_host
 
 
 class Passed:
@@ -99,8 +100,8 @@ def run(way, device: str, batch: int, steps: int) -> tuple[float, list[dict]]:
     gc.disable()  # as timeit does: a collection inside one way's run is noise, not that way's cost
     try:
         for _ in range(steps):
-            step_lanes = lanes.clone()  # as the runner clones the graph's outputs each step
-            event = DeviceDigest.event_now() if device == "cuda" else Passed()
+            # as the runner copies the step graph's outputs to the host each step (``on_host``)
+            step_lanes, event = on_host(lanes) if device == "cuda" else (lanes.clone(), Passed())
             way(events, step_lanes, known, event)
             events.step += 1
             events.flush()

@@ -169,14 +169,13 @@ class CacheManager:
     def _copy_reported(self, type_: str, dst: int, src: int, length: int, **ids) -> None:
         """Device-side body of a restore or clone: copy, and (instrumented) report the checksum of the
         source as read and of the destination as written, at the moment the copy runs."""
-        if self.events.enabled:
-            with self.events.timing():
-                read = self.states.checksum(src, length)
-        self.states.copy_slot(dst, src, length, recurrent=not (type_ == "restore_read" and self._restore_rec_off))
-        if self.events.enabled:
-            with self.events.timing():
-                self.events.emit(type_, src=src, dst=dst, position=length, src_checksum=read,
-                                 checksum=self.states.checksum(dst, length), **ids)
+        recurrent = not (type_ == "restore_read" and self._restore_rec_off)
+        if not self.events.enabled:
+            self.states.copy_slot(dst, src, length, recurrent=recurrent)
+            return
+        with self.events.timing():  # the copy too: on a GPU one launch copies and digests (copy_witnessed)
+            read, written = self.states.copy_witnessed(dst, src, length, recurrent=recurrent)
+            self.events.emit(type_, src=src, dst=dst, position=length, src_checksum=read, checksum=written, **ids)
 
     def _barrier(self, stream: Stream, slots: list[int], *, site: str, **ids) -> None:
         """The admission / donation barrier: ``stream``'s next op waits for the other streams' last

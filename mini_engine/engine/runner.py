@@ -223,7 +223,7 @@ class ModelRunner:
         lanes, checks = digests
         batch.sampled[:, 1].index_copy_(0, rows, checks)
         self.states.count_step(lengths)
-        return DeviceDigests(lanes.clone())  # a graph's outputs are its own: its next replay overwrites them
+        return DeviceDigests.all_of(lanes)  # copied out before the graph's next replay overwrites them
 
     def _report_step(self, batch: int, items: list[BatchItem], digests: DeviceDigests | list[int]) -> None:
         """A decode step's ledger rows, made together once its ``digests`` land (``Instrumentation.emit_rows``):

@@ -78,6 +78,24 @@ class StateStorage:
         self.pending[dst, :, :rows].copy_(self.pending[src, :, :rows])
         self.forget_memos(dst)
 
+    def copy_witnessed(self, dst: int, src: int, length: int, *, recurrent: bool = True
+                       ) -> tuple[int | DeviceDigest, int | DeviceDigest]:
+        """``copy_slot``, and the checksums of ``src``'s state as the copy read it and of ``dst``'s as the copy left
+        it (an instrumented restore or clone). On CUDA one launch copies and digests both ends
+        (``copy_state_lanes``); elsewhere the source is digested before the copy and the destination after."""
+        self.count_hashed([length, length])
+        if not self.conv.is_cuda:
+            read = slot_checksum(self.slot_bytes(src, length))
+            self.copy_slot(dst, src, length, recurrent=recurrent)
+            return read, slot_checksum(self.slot_bytes(dst, length))
+        from mini_engine.ops.checksum.state_triton import copy_state_lanes
+
+        lanes = copy_state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, dst=dst, src=src, length=length,
+                                 recurrent=recurrent, layouts=self._layouts)
+        self.forget_memos(dst)
+        read, written = DeviceDigest.each_of(lanes)
+        return read, written
+
     def clear_slot(self, slot: int) -> None:
         """Device-side body of a cold start: the empty state (no pending rows to clear)."""
         self.conv[slot].zero_()
@@ -120,9 +138,7 @@ class StateStorage:
         return self._device_digests(slots, lengths, memo=self.memo)
 
     def _device_digests(self, slots: list[int], lengths: list[int], *, memo: StateMemo | None) -> list[DeviceDigest]:
-        lanes = self._uploaded_lanes(slots, lengths, memo)
-        done = DeviceDigest.event_now()
-        return [DeviceDigest(lanes, done, i) for i in range(len(slots))]
+        return DeviceDigest.each_of(self._uploaded_lanes(slots, lengths, memo))
 
     def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
         """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes read back whole, on the

@@ -153,21 +153,21 @@ def test_device_checksums_are_the_reference_digests():
 
 
 def test_landed_digests_are_read_without_waiting_for_work_queued_after_them():
-    """The ledger reads back digests whose events have passed on a stream of its own: with a second of work queued
-    on the compute stream behind them, the read returns their values while that work still runs (a read on the
-    compute stream would wait for it: the host would stop running ahead of the device at every flush)."""
+    """The ledger's digests land in pinned host memory behind the work that computed them (``on_host``): with a
+    second of work queued on the compute stream after them, a flush reads their values while that work still runs
+    (a read-back at the flush would wait for it: the host would stop running ahead of the device at every flush)."""
     import torch
 
     from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests
     from mini_engine.ops.checksum.reference import join_lanes
 
     first = torch.arange(8, dtype=torch.int64, device="cuda").view(4, 2) * 977
-    second = torch.arange(4, dtype=torch.int64, device="cuda").view(2, 2) + 5
-    done = DeviceDigest.event_now()
-    done.synchronize()
-    torch.cuda._sleep(1 << 31)  # about a second of GPU clock cycles, queued after the digests landed
+    each = DeviceDigest.each_of(first)
+    values = [each[3], DeviceDigests.all_of(torch.arange(4, dtype=torch.int64, device="cuda").view(2, 2) + 5), each[0]]
+    torch.cuda._sleep(1 << 31)  # about a second of GPU clock cycles, queued after the digests' copies
     later = DeviceDigest.event_now()
-    values = [DeviceDigest(first, done, 3), DeviceDigests(second, done), DeviceDigest(first, done, 0)]
+    for value in values:
+        value.wait()  # their own events: the copies have landed
     got = DeviceDigest.resolve_all(values)
     assert not later.query(), "the read waited for the work queued after the digests"
     assert got == [join_lanes((5862, 6839)), [join_lanes((5, 6)), join_lanes((7, 8))], join_lanes((0, 977))]

@@ -17,6 +17,7 @@ from tests.unit.kernel_support import (
     check_paged_decode,
     check_paged_prefill,
     check_slot_checksums,
+    check_state_copy,
     check_state_digest,
     check_state_memo,
 )
@@ -84,6 +85,13 @@ def test_state_memo():
 def test_copy_slots(recurrent):
     """Batched clone / restore of engine-shaped slots equals the index_copy reference on every pool."""
     check_copy_slots(device="cuda", recurrent=recurrent, **ENGINE_STATE)
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_state_copy(recurrent):
+    """A ledger's restore / clone: one launch copies engine-shaped states (0, 17 and 63 rows) and digests the source
+    as read and the destination as left, against the torch copies and the reference digests."""
+    check_state_copy(device="cuda", recurrent=recurrent, **ENGINE_STATE)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -16,7 +16,7 @@ from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefi
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.memo import StateMemo
-from mini_engine.ops.checksum.state_triton import state_lanes
+from mini_engine.ops.checksum.state_triton import copy_state_lanes, state_lanes
 from mini_engine.ops.checksum.triton import digests, slot_checksums
 from mini_engine.ops.linear import linear as reference_linear
 from mini_engine.ops.linear.triton import linear
@@ -304,6 +304,32 @@ def check_copy_slots(*, device, recurrent=True, **shapes) -> None:
     copy_slots(pools=pools[:kept], dst=dst, src=src, pending=pools[2], rows=rows)
     for name, got, want in zip(("conv", "rec", "pending"), pools, expected):
         assert torch.equal(got, want), name
+
+
+ALL_ROWS_COPIES = ((4, 1, 128), (2, 6, 81), (1, 5, 63), (6, 2, 81))  # (dst, src, length)
+
+
+def check_state_copy(*, device, recurrent=True, copies=ALL_ROWS_COPIES, **shapes) -> None:
+    """``copy_state_lanes``: each copy (by default a state with no pending rows, with 17, with 63; a slot copied back
+    into the one it came from) leaves the pools as ``StateStorage.copy_slot``'s torch copies do (rec kept with ``recurrent`` off,
+    the rows past the state's length and every other slot untouched), and its two digests are the reference
+    digests of the source's state before the copy and of the destination's after it."""
+    pools = engine_state_pools(device=device, **shapes)
+    expected = [p.clone() for p in pools]
+    for dst, src, length in copies:
+        read = _read_back(*expected, [src], [length])
+        rows = length % 64
+        expected[0][dst].copy_(expected[0][src])
+        if recurrent:
+            expected[1][dst].copy_(expected[1][src])
+        expected[2][dst, :, :rows].copy_(expected[2][src, :, :rows])
+        lanes = copy_state_lanes(conv=pools[0], rec=pools[1], pending=pools[2], dst=dst, src=src, length=length,
+                                 recurrent=recurrent)
+        for name, got, want in zip(("conv", "rec", "pending"), pools, expected):
+            assert torch.equal(got, want), (name, dst, src, length)
+        assert digests(lanes) == [*read, *_read_back(*expected, [dst], [length])], (dst, src, length)
+    if not recurrent:  # the copy left the destination's own rec: its digest is not the source's
+        assert digests(lanes)[0] != digests(lanes)[1]
 
 
 def check_fused_projection(*, rows, widths, n_in, dtype, device, seed=0) -> None:

@@ -9,6 +9,7 @@ from mini_engine.ops.slot_copy.triton import copy_slots
 from tests.unit.kernel_support import (
     check_copy_slots,
     check_slot_checksums,
+    check_state_copy,
     check_state_digest,
     check_state_memo,
     random_pool,
@@ -127,6 +128,27 @@ def test_checksum_refuses_slots_that_are_not_contiguous():
 def test_copy_slots_equals_reference(recurrent):
     """Clone / restore of shuffled pairs in one launch: conv, rec (unless restore_rec=off) and pending rows."""
     check_copy_slots(device="cpu", recurrent=recurrent, **SMALL_STATE)
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_a_witnessed_copy_copies_the_state_and_digests_both_ends(recurrent):
+    """A restore / clone of a ledger run on a GPU: one launch copies the state (rec too unless restore_rec=off) and
+    digests the source as read and the destination as left, against the reference digests before and after (63 rows
+    in the GPU test: here each program instance costs the interpreter ~1 ms a block)."""
+    check_state_copy(device="cpu", recurrent=recurrent, copies=[(4, 1, 128), (2, 6, 69), (6, 2, 69)], **SMALL_STATE)
+
+
+def test_a_witnessed_copy_spans_chunks():
+    """States whose rec and rows are several programs' chunks are copied and digested whole."""
+    check_state_copy(device="cpu", copies=[(4, 1, 66)], n_slots=7, layers=2, conv=(5, 3), rec=(2, 70, 64), width=8300)
+
+
+def test_a_witnessed_copy_refuses_one_slot():
+    from mini_engine.ops.checksum.state_triton import copy_state_lanes
+
+    pools = [torch.zeros(3, 2, 4), torch.zeros(3, 2, 4), torch.zeros(3, 2, 63, 4)]
+    with pytest.raises(ValueError, match="two slots; got dst = src = 1"):
+        copy_state_lanes(conv=pools[0], rec=pools[1], pending=pools[2], dst=1, src=1, length=5)
 
 
 def test_copy_slots_spans_chunks_and_dtypes():

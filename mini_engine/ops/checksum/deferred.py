@@ -1,34 +1,39 @@
-"""Checksums on a GPU without stalling the host: the digest stays on the device until the ledger reads it.
+"""Checksums on a GPU without stalling the host: the digest lands on the host behind the work that computed it.
 
 On CUDA a ledger checksum is a ``DeviceDigest``: the Triton kernel's lane sums ([2] int64,
-``triton.checksum_lanes``; ``rows_lanes`` for the rows of a table) and an event on the stream that
-computed them, the same digest ``reference.slot_checksum`` gives on the CPU; ``DeviceDigests`` is all of a
-batch's as one value (a decode step's rows, made together). The instrumentation queues rows holding one and
-reads a whole batch of them back in one copy once their events have completed (``mini_engine.instrument``), on
-a stream of its own (``read_landed``: not behind the steps queued since). A check that must land in a device
-tensor (the logits') is ``triton.row_digests``.
+``triton.checksum_lanes``; ``rows_lanes`` for the rows of a table), copied into pinned host memory by a copy
+queued right behind the kernel, and an event after that copy (``on_host``): the same digest
+``reference.slot_checksum`` gives on the CPU; ``DeviceDigests`` is all of a batch's as one value (a decode
+step's rows, made together). The instrumentation queues rows holding one and, once their events have passed,
+joins the lanes a whole flush holds in one pass on the host (``mini_engine.instrument``): a flush makes no
+device call, so it never waits behind the steps queued since. A check that must land in a device tensor (the
+logits') is ``triton.row_digests``.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
 from mini_engine.instrument import Deferred
 
-__all__ = ["DeviceDigest", "DeviceDigests", "read_landed", "rows_lanes"]
+__all__ = ["DeviceDigest", "DeviceDigests", "on_host", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
-    """A 64-bit digest whose lane sums the current stream is computing: ``lanes`` [2] int64, or row ``row`` of a
-    batch's ``lanes`` [n, 2] (the batch's digests keep one tensor, not a view each: a step makes dozens)."""
+    """A 64-bit digest whose lane sums land in ``lanes`` when ``event`` passes: ``lanes`` [2] int64, or row ``row`` of
+    a batch's ``lanes`` [n, 2] (the batch's digests keep one tensor, not a view each: a step makes dozens). On a GPU
+    ``lanes`` is ``on_host``'s pinned copy; ``each_of`` makes a batch's digests so."""
 
     __slots__ = ("event", "lanes", "row")
 
-    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event | None = None, row: int | None = None) -> None:
-        self.lanes, self.row = lanes, row
-        self.event = event or self.event_now()  # digests computed together share one event
+    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event, row: int | None = None) -> None:
+        self.lanes, self.event, self.row = lanes, event, row  # digests computed together share one event
+
+    @classmethod
+    def each_of(cls, lanes: torch.Tensor) -> list[DeviceDigest]:
+        """The digests of a batch's ``lanes`` [n, 2], which the current stream is computing (``on_host``)."""
+        host, done = on_host(lanes)
+        return [cls(host, done, i) for i in range(host.shape[0])]
 
     @staticmethod
     def event_now() -> torch.cuda.Event:
@@ -52,7 +57,8 @@ class DeviceDigest(Deferred):
 
     @classmethod
     def resolve_all(cls, values: list[DeviceDigest]) -> list:
-        """The values, their lane tensors read back in one copy (each tensor once, however many rows it holds)."""
+        """The values, their lanes joined in one pass (each tensor once, however many rows it holds); lanes on the
+        host make no device call."""
         from mini_engine.ops.checksum.triton import digests
 
         batches: dict[int, tuple[torch.Tensor, int]] = {}  # id(lanes) -> (lanes as [n, 2], its first row below)
@@ -61,7 +67,8 @@ class DeviceDigest(Deferred):
             if id(v.lanes) not in batches:
                 batches[id(v.lanes)] = (v.lanes.view(-1, 2), first)
                 first += batches[id(v.lanes)][0].shape[0]
-        read = digests(read_landed([lanes for lanes, _ in batches.values()]))  # one copy back for the batch
+        tensors = [lanes for lanes, _ in batches.values()]
+        read = digests(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
         return [v.finish(read, batches[id(v.lanes)][1]) for v in values]
 
 
@@ -71,38 +78,27 @@ class DeviceDigests(DeviceDigest):
 
     __slots__ = ()
 
-    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event | None = None) -> None:
+    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event) -> None:
         super().__init__(lanes.view(-1, 2), event)
+
+    @classmethod
+    def all_of(cls, lanes: torch.Tensor) -> DeviceDigests:
+        """The digests of ``lanes`` [n, 2], which the current stream is computing (``on_host``)."""
+        return cls(*on_host(lanes))
 
     def finish(self, read: list[int], first: int) -> list[int]:
         return read[first: first + self.lanes.shape[0]]
 
 
-def read_landed(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The rows of ``tensors`` (each [n, k], one dtype) together on the host, for device tensors whose values have
-    landed (the events of the work that wrote them have passed) and that nothing writes any more.
-
-    A plain read-back (``.tolist()``, ``.cpu()``) is a copy on the current stream, so it waits for everything queued
-    there, the steps launched since those values landed included: the host would stop running ahead of the device
-    at every flush of the ledger. Here the copy runs on a stream of its own, which depends on nothing (the values
-    are final), and only that stream is waited for. The tensors stay referenced until it has run, so the caching
-    allocator cannot hand their memory to other work first."""
-    if not tensors[0].is_cuda:
-        return torch.cat(tensors)
-    side = _reader(tensors[0].device)
-    host = torch.empty((sum(t.shape[0] for t in tensors), *tensors[0].shape[1:]), dtype=tensors[0].dtype,
-                       pin_memory=True)
-    with torch.cuda.stream(side):
-        rows = tensors[0] if len(tensors) == 1 else torch.cat(tensors)  # made and freed on the side stream
-        host.copy_(rows, non_blocking=True)
-    side.synchronize()
-    return host
-
-
-@functools.cache
-def _reader(device: torch.device) -> torch.cuda.Stream:
-    """The side stream ``read_landed`` copies on (one per device, made once)."""
-    return torch.cuda.Stream(device)
+def on_host(lanes: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """``lanes``, which the current stream is computing, copied into pinned host memory by a copy queued now behind
+    that work, and an event recorded after the copy: once it has passed the host reads the values with no device
+    call. (A read-back at the ledger's flush, ``.tolist()`` on the compute stream, would wait for everything
+    queued there since: the host would stop running ahead of the device at every flush.) Replaces the clone a
+    graph's outputs needed: its next replay overwrites them after this copy has read them."""
+    host = torch.empty(lanes.shape, dtype=lanes.dtype, pin_memory=True)
+    host.copy_(lanes, non_blocking=True)
+    return host, DeviceDigest.event_now()
 
 
 def rows_lanes(table: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

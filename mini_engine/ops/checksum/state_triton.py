@@ -9,6 +9,9 @@ one per token) and adds its lane sums into the slot's.
 With a memo (``memo.StateMemo``) a second launch finishes each digest: the lanes of rec and of the rows the
 memo covers come from the memo, the first launch having skipped them, and the memo takes the new state. Both
 launches read the memo's length of the slot the same way (``_known_rows``), so they agree on what was skipped.
+
+``copy_state_lanes`` is a ledger's restore or clone in one launch: each program digests one chunk of the source,
+copies it and digests the destination's chunk as the copy left it, both digests summed like ``state_lanes``'.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX
 from mini_engine.ops.checksum.triton import BLOCK, CHUNK, _chunk_lanes
 from mini_engine.ops.slot_layout import PoolWords, pool_words
 
-__all__ = ["state_lanes"]
+__all__ = ["copy_state_lanes", "state_lanes"]
 
 
 @triton.jit
@@ -35,40 +38,86 @@ def _known_rows(memo_lengths, slot, length, ALIGN: tl.constexpr):
 
 
 @triton.jit
-def _state_kernel(conv_ptr, rec_ptr, pending_ptr, slots_ptr, lengths_ptr, memo_lengths, parts_ptr, conv_stride,
-                  conv_words, rec_stride, rec_words, pending_stride, outer_stride, row_words, layers, conv_chunks,
-                  rec_chunks, row_chunks, MEMO: tl.constexpr, ALIGN: tl.constexpr, MIX: tl.constexpr,
-                  LANE0: tl.constexpr, LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (b, i): chunk b of the i-th listed slot's state, b counting conv's chunks, then rec's, then for each
-    row j < 63 and layer o the row's chunks. Its lane sums go to parts[i, 0] (with MEMO: conv to parts[i, 0], the
-    rest to parts[i, 1]); a chunk the state does not have (a row past its length) or the memo covers adds nothing."""
-    b, i = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    slot = tl.load(slots_ptr + i).to(tl.int64)
-    length = tl.load(lengths_ptr + i).to(tl.int64)
+def _segment(b, slot, conv_ptr, rec_ptr, pending_ptr, conv_stride, conv_words, rec_stride, rec_words, pending_stride,
+             outer_stride, row_words, layers, conv_chunks, rec_chunks, row_chunks, CHUNK: tl.constexpr):
+    """Where chunk b of ``slot``'s state lies, b counting conv's chunks, then rec's, then for each row j < 63 and
+    layer o the row's chunks: (base, begin, n_words, first, segment, j): words [begin, begin + CHUNK) of the n_words
+    at base, the first of them word ``first`` of the checksum's sequence; segment 0 conv, 1 rec, 2 row j."""
     conv_words, rec_words = tl.cast(conv_words, tl.int64), tl.cast(rec_words, tl.int64)  # (1 arrives as a constexpr)
     row_words, layers = tl.cast(row_words, tl.int64), tl.cast(layers, tl.int64)
-    known = length * 0 - 1
-    if MEMO:
-        known = _known_rows(memo_lengths, slot, length, ALIGN)
-    part = 0
+    segment, j = b * 0, b * 0
     if b < conv_chunks:
-        base, begin, n_words, first = conv_ptr + slot * conv_stride, b * CHUNK, conv_words, length * 0
-        skip = length < 0  # (never)
+        base, begin, n_words, first = conv_ptr + slot * conv_stride, b * CHUNK, conv_words, conv_words * 0
     elif b < conv_chunks + rec_chunks:
         base, begin, n_words, first = rec_ptr + slot * rec_stride, (b - conv_chunks) * CHUNK, rec_words, conv_words
-        skip, part = known >= 0, 1
+        segment += 1
     else:
         row = (b - conv_chunks - rec_chunks) // row_chunks  # j * layers + o
         j, o, c = row // layers, row % layers, (b - conv_chunks - rec_chunks) % row_chunks
         base = pending_ptr + slot * pending_stride + o * outer_stride + j * row_words
         begin, n_words, first = c * CHUNK, row_words, conv_words + rec_words + row * row_words
-        skip, part = (j < known) | (j >= length % ALIGN), 1
-    if skip:
+        segment += 2
+    return base, begin, n_words, first, segment, j
+
+
+@triton.jit
+def _state_kernel(conv_ptr, rec_ptr, pending_ptr, slots_ptr, lengths_ptr, memo_lengths, parts_ptr, conv_stride,
+                  conv_words, rec_stride, rec_words, pending_stride, outer_stride, row_words, layers, conv_chunks,
+                  rec_chunks, row_chunks, MEMO: tl.constexpr, ALIGN: tl.constexpr, MIX: tl.constexpr,
+                  LANE0: tl.constexpr, LANE1: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (b, i): chunk b (``_segment``) of the i-th listed slot's state. Its lane sums go to parts[i, 0] (with
+    MEMO: conv to parts[i, 0], the rest to parts[i, 1]); a chunk the state does not have (a row past its length) or
+    the memo covers adds nothing."""
+    b, i = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    length = tl.load(lengths_ptr + i).to(tl.int64)
+    known = length * 0 - 1
+    if MEMO:
+        known = _known_rows(memo_lengths, slot, length, ALIGN)
+    base, begin, n_words, first, segment, j = _segment(
+        b, slot, conv_ptr, rec_ptr, pending_ptr, conv_stride, conv_words, rec_stride, rec_words, pending_stride,
+        outer_stride, row_words, layers, conv_chunks, rec_chunks, row_chunks, CHUNK)
+    if (segment == 1) & (known >= 0):
+        return
+    if (segment == 2) & ((j < known) | (j >= length % ALIGN)):
         return
     lane0, lane1 = _chunk_lanes(base, begin, n_words, first, MIX, LANE0, LANE1, CHUNK, BLOCK)
-    out = parts_ptr + (i * (2 if MEMO else 1) + (part if MEMO else 0)) * 2
+    out = parts_ptr + (i * (2 if MEMO else 1) + (tl.minimum(segment, 1) if MEMO else 0)) * 2
     tl.atomic_add(out, lane0)
     tl.atomic_add(out + 1, lane1)
+
+
+@triton.jit(do_not_specialize=["dst", "src"])  # one compile for every pair of slots
+def _copy_kernel(conv_ptr, rec_ptr, pending_ptr, dst, src, parts_ptr, conv_stride, conv_words, rec_stride, rec_words,
+                 pending_stride, outer_stride, row_words, layers, conv_chunks, rec_chunks, row_chunks,
+                 RECURRENT: tl.constexpr, MIX: tl.constexpr, LANE0: tl.constexpr, LANE1: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program b: chunk b (``_segment``) of the state; the grid stops at the state's last row. Digests src's words
+    into parts[0], copies them to dst's (rec only if RECURRENT), then digests dst's words as they now are (read
+    back after a barrier: what the copy left, not what it meant to write) into parts[1]."""
+    b = tl.program_id(0).to(tl.int64)
+    dst, src = tl.cast(dst, tl.int64), tl.cast(src, tl.int64)
+    src_base, begin, n_words, first, segment, _ = _segment(
+        b, src, conv_ptr, rec_ptr, pending_ptr, conv_stride, conv_words, rec_stride, rec_words, pending_stride,
+        outer_stride, row_words, layers, conv_chunks, rec_chunks, row_chunks, CHUNK)
+    dst_base, _, _, _, _, _ = _segment(
+        b, dst, conv_ptr, rec_ptr, pending_ptr, conv_stride, conv_words, rec_stride, rec_words, pending_stride,
+        outer_stride, row_words, layers, conv_chunks, rec_chunks, row_chunks, CHUNK)
+    lane0, lane1 = _chunk_lanes(src_base, begin, n_words, first, MIX, LANE0, LANE1, CHUNK, BLOCK)
+    tl.atomic_add(parts_ptr, lane0)
+    tl.atomic_add(parts_ptr + 1, lane1)
+    copies = segment != 1
+    if RECURRENT:
+        copies = segment == segment
+    if copies:
+        for step in range(0, CHUNK, BLOCK):
+            k = begin + step + tl.arange(0, BLOCK)
+            ok = k < n_words
+            tl.store(dst_base + k, tl.load(src_base + k, mask=ok), mask=ok)
+    tl.debug_barrier()
+    lane0, lane1 = _chunk_lanes(dst_base, begin, n_words, first, MIX, LANE0, LANE1, CHUNK, BLOCK)
+    tl.atomic_add(parts_ptr + 2, lane0)
+    tl.atomic_add(parts_ptr + 3, lane1)
 
 
 @triton.jit
@@ -133,3 +182,29 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
                                          pending_layout.outer * pending_layout.row_words, ALIGN=SNAPSHOT_ALIGN,
                                          BLOCK=128)
     return lanes
+
+
+def copy_state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, dst: int, src: int, length: int,
+                     recurrent: bool = True, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None
+                     ) -> torch.Tensor:
+    """Copy slot ``src``'s state of ``length`` tokens to slot ``dst`` (``StateStorage.copy_slot``: conv, rec unless
+    ``recurrent`` is False, the ``length % 64`` pending rows) and digest it on the way, in one launch: lane sums
+    [2, 2] int64, row 0 of src's state as the copy read it, row 1 of dst's as the copy left it (read back). No
+    upload, no sync. A ledger's restore or clone on a GPU: two digests and the copy were three launches with two
+    uploads and two zeroed buffers."""
+    if dst == src:
+        raise ValueError(f"a copy needs two slots; got dst = src = {dst}")
+    if layouts is None:
+        layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
+    conv_layout, rec_layout, pending_layout = layouts
+    parts = torch.zeros((2, 2), dtype=torch.int64, device=conv.device)
+    chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
+              triton.cdiv(pending_layout.row_words, CHUNK)]
+    grid = (chunks[0] + chunks[1] + length % SNAPSHOT_ALIGN * pending_layout.outer * chunks[2],)
+    _copy_kernel[grid](
+        conv_layout.words, rec_layout.words, pending_layout.words, dst, src, parts,
+        conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
+        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words, pending_layout.outer,
+        *chunks, RECURRENT=recurrent, MIX=_MIX, LANE0=_LANE_OFFSETS[0], LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK,
+        BLOCK=BLOCK)
+    return parts
