@@ -7,7 +7,8 @@
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: on a GPU the package's gemm table does not name, tune first (the runs after use the
 #              table; it comes back in OUT_DIR); the GPU tests of the gemm configurations (the table's choices by
-#              this GPU's name) and of the state digests' memo (kernel and engine, against read-back digests); the
+#              this GPU's name), of the state digests (the memo's kernel and engine, the copy that digests both ends,
+#              against read-back digests) and of the ledger's read of them; the
 #              ledger's rounds (tracked and read back) and the safeguards', then where the ledger's host time goes
 #              (cProfile of a ledger run against one without: the functions it adds)
 #   second     what priority leaves, in the next call: tests/gpu whole, benchmarks/state_digests.py --device cuda
@@ -95,7 +96,7 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         fi
         step 100 gpu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
-            tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_cuda.py -k "decode or state or tracked or landed"
+            tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_cuda.py -k "decode or state or tracked or landed or ledger or checksum"
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 5 --modes "copy, overlap" "copy, overlap, ledger" "copy, overlap, ledger read back" \
             "safeguards off, overlap" --profile "$out/ledger_profile.txt" --out "$out/engine_throughput_cuda_08b.json"

@@ -170,9 +170,10 @@ class ModelRunner:
                 batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(batch.sampled.device))
             written = self.states.step_checksums([it.live_slot for it in items],
                                                  [it.start + it.length for it in items])
-            for i, it, checksum, track in zip(indices, items, written, wrote_track):
+            snapshots = iter(self._snapshot_checksums([it for it, wrote in zip(items, wrote_track) if wrote]))
+            for i, it, checksum, wrote in zip(indices, items, written, wrote_track):
                 read = None if it.tokens is not None else checksum_ints(pages[i][: len(it.pages)])
-                self._report_writes(batch.index, it, checksum, track, read)
+                self._report_writes(batch.index, it, checksum, next(snapshots) if wrote else None, read)
 
     def _decode_in_place(self, batch: Batch, indices: list[int], table: torch.Tensor) -> None:
         """Decode items ``indices`` (one token each, their page tables the resident ``table`` rows) through
@@ -197,14 +198,17 @@ class ModelRunner:
             with self.events.timing():
                 self._report_step(batch.index, items, self._decode_digests(batch, rows, items, counts,
                                                                              table[: len(items)], logits, digests))
-        for it in items:
-            # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
-            if it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer:
-                live = it.live_slot
-                self.states.write_snapshot(it.track.slot,
-                                           Snapshot(it.start + 1, self.states.conv[live], self.states.rec[live]))
-                if self.events.enabled:
-                    self._report_snapshot(batch.index, it)
+        # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
+        snapshots = [it for it in items
+                     if it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer]
+        for it in snapshots:
+            live = it.live_slot
+            self.states.write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live],
+                                                               self.states.rec[live]))
+        if self.events.enabled and snapshots:
+            with self.events.timing():
+                for it, checksum in zip(snapshots, self._snapshot_checksums(snapshots)):
+                    self._report_snapshot(batch.index, it, checksum)
 
     def _decode_digests(self, batch: Batch, rows: torch.Tensor, items: list[BatchItem], counts: list[int],
                         table: torch.Tensor, logits: torch.Tensor, digests: tuple) -> DeviceDigests | list[int]:
@@ -241,23 +245,26 @@ class ModelRunner:
 
         self.events.emit_rows(2 * n, digests, rows)
 
-    def _report_snapshot(self, batch: int, it: BatchItem) -> None:
-        """The ledger row of the snapshot ``it`` wrote to its track slot (its checksum launched now, after it)."""
-        with self.events.timing():
-            track = it.track
-            self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=track.slot,
-                             position=track.position, checksum=self.states.checksum(track.slot, track.position))
+    def _snapshot_checksums(self, items: list[BatchItem]) -> list:
+        """The checksums of the snapshots ``items`` wrote to their track slots, launched together after them."""
+        return self.states.checksums([it.track.slot for it in items], [it.track.position for it in items])
 
-    def _report_writes(self, batch: int, it: BatchItem, written, wrote_track: bool, read) -> None:
-        """Device-side ledger rows: the checksum ``written`` of what this forward left in the live slot, of the
-        snapshot it wrote, and (a decode item) the checksum ``read`` of the page table the step read (cut to its
-        pages), matched against the one staged for it (the metadata a kernel really saw). On CUDA the state
-        checksums stay on the device until the ledger reads them (``ops.checksum.deferred``)."""
+    def _report_snapshot(self, batch: int, it: BatchItem, checksum) -> None:
+        """The ledger row of the snapshot ``it`` wrote to its track slot (``_snapshot_checksums``)."""
+        self.events.emit("snapshot_write", batch=batch, rid=it.request.rid, slot=it.track.slot,
+                         position=it.track.position, checksum=checksum)
+
+    def _report_writes(self, batch: int, it: BatchItem, written, snapshot, read) -> None:
+        """Device-side ledger rows: the checksum ``written`` of what this forward left in the live slot, the checksum
+        ``snapshot`` of the snapshot it wrote (None: none), and (a decode item) the checksum ``read`` of the page
+        table the step read (cut to its pages), matched against the one staged for it (the metadata a kernel really
+        saw). On CUDA the state checksums stay on the device until the ledger reads them
+        (``ops.checksum.deferred``)."""
         with self.events.timing():
             self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
                              position=it.start + it.length, checksum=written)
-            if wrote_track:
-                self._report_snapshot(batch, it)
+            if snapshot is not None:
+                self._report_snapshot(batch, it, snapshot)
             if it.tokens is None:
                 staged = self._staged_digest(it.pages)
                 self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read,

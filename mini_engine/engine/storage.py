@@ -115,14 +115,13 @@ class StateStorage:
         """The bytes the ledger's checksums have read: its device work (on a GPU with the memo, a sync)."""
         return self._read_back + (self.memo.hashed_bytes() if self.memo is not None else 0)
 
-    def checksum(self, slot: int, length: int) -> int | DeviceDigest:
-        """64-bit checksum of the state of ``length`` tokens in ``slot`` (call it inside a device op)."""
-        return self.checksums([slot], [length])[0]
-
     def checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
-        """``checksum`` of each (slot, length), read back whole: ints, or on CUDA ``DeviceDigest``s of the same
-        bytes computed together, one launch for all the slots (no copy of a slot, no sync)."""
+        """The 64-bit checksum of the state of ``lengths[i]`` tokens in ``slots[i]``, read back whole (call it inside
+        a device op): ints, or on CUDA ``DeviceDigest``s of the same bytes computed together, one launch for all
+        the slots (no copy of a slot, no sync)."""
         self.count_hashed(lengths)
+        if not slots:
+            return []
         if not self.conv.is_cuda:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
         return self._device_digests(slots, lengths, memo=None)

@@ -104,7 +104,7 @@ def _exercise() -> None:
     from mini_engine.ops.attention.triton import paged_decode_attention, write_kv_pages
     from mini_engine.ops.causal_conv1d.triton import causal_conv1d_update
     from mini_engine.ops.checksum.memo import StateMemo
-    from mini_engine.ops.checksum.state_triton import state_lanes
+    from mini_engine.ops.checksum.state_triton import copy_state_lanes, state_lanes
     from mini_engine.ops.checksum.triton import checksum_lanes, row_digests
     from mini_engine.ops.decode_rows import gemm
     from mini_engine.ops.gated_delta_rule.triton import (
@@ -172,6 +172,9 @@ def _exercise() -> None:
     for memo in (None, StateMemo(4, torch.device("cpu"))):  # the ledger's state digests: read back, and tracked
         state_lanes(conv=states.conv, rec=states.rec, pending=states.pending, memo=memo,
                     slots=torch.tensor([1, 2], dtype=torch.int32), lengths=torch.tensor([5, 64], dtype=torch.int32))
+    for recurrent in (True, False):  # a ledger's restore or clone (and with restore_rec=off)
+        copy_state_lanes(conv=states.conv, rec=states.rec, pending=states.pending, dst=1, src=2, length=5,
+                         recurrent=recurrent)
     for width in (260, 9000):  # the logits check of the byte vocabulary (one launch) and of a wide one (two)
         row_digests(torch.zeros(2, width), drop_sign=True)
     copy_slots(pools=[states.conv, states.rec], dst=torch.tensor([1]), src=torch.tensor([2]), pending=states.pending,
