@@ -157,8 +157,10 @@ class ResidentDecodeMetadata:
         self.readbacks += 1
         match = torch.equal(landed, staged)
         if self._instrumented():
+            staged_checksum = slot_checksum(staged)
+            readback_checksum = staged_checksum if match else slot_checksum(landed)  # equal bits: one digest
             self._emit("metadata_readback", buffer=buffer, shard=shard, match=match,
-                       readback_checksum=slot_checksum(landed), staged_checksum=slot_checksum(staged))
+                       readback_checksum=readback_checksum, staged_checksum=staged_checksum)
         return match
 
     def _instrumented(self) -> bool:
