@@ -15,7 +15,7 @@ from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Event, Stream, upload
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
-from mini_engine.engine.request import Commit, Request
+from mini_engine.engine.request import Commit, Request, SamplingParams
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
@@ -287,23 +287,26 @@ class ModelRunner:
 
     def _pick_tokens(self, logits: torch.Tensor, items: list[BatchItem]) -> torch.Tensor:
         """The next token of each item from its logits row (``logits`` [B, vocab]), as a device tensor [B]: greedy
-        rows by an argmax on the device (nothing waits for it), sampled rows drawn on the host."""
+        rows by an argmax on the device (nothing waits for it), sampled rows drawn on the host (``_draw``), their
+        logits read back in one copy and their tokens written back in one (not a wait a row each way)."""
         tokens = logits.argmax(-1)
-        for r, it in enumerate(items):
-            if it.request.params.temperature != 0:
-                tokens[r] = self._sample(logits[r], it.request, it.start + it.length)
-        return tokens
+        drawn = [r for r, it in enumerate(items) if it.request.params.temperature != 0]
+        if not drawn:
+            return tokens
+        index = upload(torch.tensor(drawn), logits.device)
+        rows = logits.index_select(0, index).float().cpu()
+        picked = [_draw(row, items[r].request.params, items[r].start + items[r].length) for r, row in zip(drawn, rows)]
+        return tokens.index_copy_(0, index, upload(torch.tensor(picked, dtype=tokens.dtype), tokens.device))
 
-    @staticmethod
-    def _sample(logits: torch.Tensor, request: Request, position: int) -> int:
-        params = request.params
-        if params.temperature == 0:
-            return int(logits.argmax())
-        scaled = logits.float().cpu() / params.temperature  # drawn on the host: the same token on any device
-        probs = torch.exp(scaled - scaled.max())
-        probs = probs / probs.sum()
-        gen = torch.Generator().manual_seed(params.seed * 1_000_003 + position)
-        return int(torch.multinomial(probs, 1, generator=gen))
+
+def _draw(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
+    """A token drawn from a host float32 logits row at ``params.temperature``, seeded by the request's seed and the
+    position: the same token on any device and in any batch."""
+    scaled = logits / params.temperature
+    probs = torch.exp(scaled - scaled.max())
+    probs = probs / probs.sum()
+    gen = torch.Generator().manual_seed(params.seed * 1_000_003 + position)
+    return int(torch.multinomial(probs, 1, generator=gen))
 
 
 _CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor element

@@ -79,6 +79,30 @@ def test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu(cuda_model, overlap, d
             assert [r.logits_digest for r in hot] == [r.logits_digest for r in cold], parted(hot_run, cold_run)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_seeded_choices_in_one_batch_are_each_drawn_as_alone_on_the_gpu(cuda_model, overlap):
+    """n=3 seeded choices decode in one batch beside a greedy request, their rows drawn on the host together
+    (``ModelRunner._pick_tokens``): each choice gets the tokens of its own seeded request run alone, the greedy
+    request those of its run alone, and the choices differ."""
+    rnd = random.Random(5)
+    prompt, greedy_prompt = [rnd.randrange(256) for _ in range(90)], [rnd.randrange(256) for _ in range(70)]
+    engine = Engine(EngineConfig(device="cuda", overlap=overlap), model=cuda_model)
+    rid = engine.submit(prompt, SamplingParams(max_tokens=10, temperature=0.9, seed=11), n=3)
+    greedy = engine.submit(greedy_prompt, SamplingParams(max_tokens=10))
+    engine.run()
+
+    def alone(tokens, params):
+        single = Engine(EngineConfig(device="cuda", overlap=overlap), model=cuda_model)
+        one = single.submit(tokens, params)
+        single.run()
+        return single.result(one).output_ids
+
+    choices = [engine.result(c).output_ids for c in engine.choices(rid)]
+    assert choices == [alone(prompt, SamplingParams(max_tokens=10, temperature=0.9, seed=11 + i)) for i in range(3)]
+    assert len(set(choices)) == 3
+    assert engine.result(greedy).output_ids == alone(greedy_prompt, SamplingParams(max_tokens=10))
+
+
 def test_dependent_launches_give_the_same_tokens_and_logits_on_the_gpu(cuda_model):
     """decode_pdl=True (the decode step's Triton kernels as programmatic dependent launches, in its CUDA graphs,
     overlapped with the next step's scheduling; the default on Hopper): the plain launches' tokens and logits
