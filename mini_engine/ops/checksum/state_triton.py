@@ -106,10 +106,7 @@ def _copy_kernel(conv_ptr, rec_ptr, pending_ptr, dst, src, parts_ptr, conv_strid
     lane0, lane1 = _chunk_lanes(src_base, begin, n_words, first, MIX, LANE0, LANE1, CHUNK, BLOCK)
     tl.atomic_add(parts_ptr, lane0)
     tl.atomic_add(parts_ptr + 1, lane1)
-    copies = segment != 1
-    if RECURRENT:
-        copies = segment == segment
-    if copies:
+    if (segment != 1) | RECURRENT:  # restore_rec=off: rec stays as it was
         for step in range(0, CHUNK, BLOCK):
             k = begin + step + tl.arange(0, BLOCK)
             ok = k < n_words
