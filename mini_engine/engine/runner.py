@@ -238,10 +238,8 @@ class ModelRunner:
 
         def rows(digests: list[int]):
             for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
-                yield "slot_write", {"batch": batch, "rid": rid, "slot": slot, "role": "live", "position": position,
-                                     "checksum": written}
-                yield "decode_metadata", {"batch": batch, "rid": rid, "read_checksum": read,
-                                          "staged_checksum": staged, "match": read == staged}
+                yield "slot_write", _live_write(batch, rid, slot, position, written)
+                yield "decode_metadata", _metadata_read(batch, rid, read, staged)
 
         self.events.emit_rows(2 * n, digests, rows)
 
@@ -261,14 +259,12 @@ class ModelRunner:
         saw). On CUDA the state checksums stay on the device until the ledger reads them
         (``ops.checksum.deferred``)."""
         with self.events.timing():
-            self.events.emit("slot_write", batch=batch, rid=it.request.rid, slot=it.live_slot, role="live",
-                             position=it.start + it.length, checksum=written)
+            rid = it.request.rid
+            self.events.emit("slot_write", **_live_write(batch, rid, it.live_slot, it.start + it.length, written))
             if snapshot is not None:
                 self._report_snapshot(batch, it, snapshot)
             if it.tokens is None:
-                staged = self._staged_digest(it.pages)
-                self.events.emit("decode_metadata", batch=batch, rid=it.request.rid, read_checksum=read,
-                                 staged_checksum=staged, match=read == staged)
+                self.events.emit("decode_metadata", **_metadata_read(batch, rid, read, self._staged_digest(it.pages)))
 
     def _staged_digest(self, pages: tuple[int, ...]) -> int:
         """The checksum of a staged page table (a host computation, remembered: a sequence's pages change
@@ -297,6 +293,16 @@ class ModelRunner:
         rows = logits.index_select(0, index).float().cpu()
         picked = [_draw(row, items[r].request.params, items[r].start + items[r].length) for r, row in zip(drawn, rows)]
         return tokens.index_copy_(0, index, upload(torch.tensor(picked, dtype=tokens.dtype), tokens.device))
+
+
+def _live_write(batch: int, rid: str, slot: int, position: int, checksum) -> dict:
+    """A ``slot_write`` row's fields: the checksum of the state a forward left in a live slot (both decode paths)."""
+    return {"batch": batch, "rid": rid, "slot": slot, "role": "live", "position": position, "checksum": checksum}
+
+
+def _metadata_read(batch: int, rid: str, read: int, staged: int) -> dict:
+    """A ``decode_metadata`` row's fields: the page table a decode step read against the one staged for it."""
+    return {"batch": batch, "rid": rid, "read_checksum": read, "staged_checksum": staged, "match": read == staged}
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
