@@ -69,18 +69,24 @@ def test_position_and_content_not_layout():
 
 
 def test_checksum_ints_is_the_digest_of_the_int32_tensor():
-    """The plain-Python digest of a short list of ints (a staged page table) is ``slot_checksum`` of the same
-    values as an int32 tensor: sign bits set and clear, the empty list; values beyond int32 are refused."""
+    """The host digest of a list of ints (a staged page table; plain Python for the shortest, numpy beyond) is
+    ``slot_checksum`` of the same values as an int32 tensor at lengths either side of the switch: sign bits set
+    and clear, the empty list, a tuple; values beyond int32 are refused at either length, named by index."""
     import random
 
     import pytest
 
-    from mini_engine.ops.checksum.reference import checksum_ints
+    from mini_engine.ops.checksum.reference import _PLAIN_INTS, checksum_ints
 
     rnd = random.Random(5)
-    for n in (0, 1, 7, 33):
+    for n in (0, 1, 7, _PLAIN_INTS, _PLAIN_INTS + 1, 33, 600):
         values = [rnd.randrange(-(1 << 31), 1 << 31) for _ in range(n)]
-        assert checksum_ints(values) == slot_checksum(torch.tensor(values, dtype=torch.int32))
-    assert checksum_ints((3, 4, 5)) == slot_checksum(torch.tensor([3, 4, 5], dtype=torch.int32))
-    with pytest.raises(ValueError, match="int32 values; got 2147483648 at index 1"):
-        checksum_ints([0, 1 << 31])
+        values[:2] = [-(1 << 31), (1 << 31) - 1][: min(n, 2)]
+        assert checksum_ints(values) == slot_checksum(torch.tensor(values, dtype=torch.int32)), n
+        assert checksum_ints(tuple(values)) == checksum_ints(values), n
+    for n in (2, 40):
+        for bad in (1 << 31, -(1 << 31) - 1, 1 << 70):
+            with pytest.raises(ValueError, match=f"int32 values; got {bad} at index 1$"):
+                checksum_ints([0, bad] + [0] * (n - 2))
+    with pytest.raises(TypeError):
+        checksum_ints([0.5] * 40)
