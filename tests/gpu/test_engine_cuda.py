@@ -208,6 +208,7 @@ def test_digest_rows_come_from_laps_and_land_whole_across_laps(monkeypatch):
     from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests
 
     monkeypatch.setattr(laps, "LAP_ROWS", 8)
+    monkeypatch.setattr(laps, "_ZEROED", laps._Laps(laps._zeroed_lap))  # laps of 8 rows, not the engine's
     a, b = laps.zeroed_rows(3, torch.device("cuda")), laps.zeroed_rows(2, torch.device("cuda"))
     assert a._base is b._base and b.storage_offset() - a.storage_offset() == 3 * 2
     assert not torch.cat([a, b]).any()

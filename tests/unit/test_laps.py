@@ -38,6 +38,9 @@ def test_rows_come_in_order_from_one_lap_until_it_is_used_up(monkeypatch):
     assert big.shape == (9, 2) and big._base is None and made == [8, 8, 9]
     d = rows.take(1, stream)  # the lap in use is still the second
     assert d._base is c._base and d.storage_offset() == 2 * 2
+    monkeypatch.setattr(laps, "LAP_ROWS", 64)  # a lap keeps its own length: the one in use ends at its 8 rows
+    e = rows.take(6, stream)
+    assert e.shape == (6, 2) and e._base is not c._base and made == [8, 8, 9, 64]
 
 
 def test_no_row_is_handed_out_twice_and_streams_have_laps_of_their_own(monkeypatch):

@@ -58,7 +58,7 @@ class _Laps:
         """``take`` with the lock held, and the lap the rows are of."""
         key = (stream.device_index, stream.cuda_stream)  # (each device's default stream is handle 0)
         lap = self._current.get(key)
-        if lap is None or lap.next + n > LAP_ROWS:
+        if lap is None or lap.next + n > lap.rows.shape[0]:
             if lap is not None:
                 self._retire(lap)
             lap = self._current[key] = _Lap(self._allocate(LAP_ROWS, stream.device))
@@ -107,7 +107,11 @@ def recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:
 
 
 PINNED = PinnedLaps()
-_ZEROED = _Laps(lambda rows, device: torch.zeros((rows, 2), dtype=torch.int64, device=device))
+def _zeroed_lap(rows: int, device: torch.device) -> torch.Tensor:
+    return torch.zeros((rows, 2), dtype=torch.int64, device=device)
+
+
+_ZEROED = _Laps(_zeroed_lap)
 
 
 def zeroed_rows(n: int, device: torch.device) -> torch.Tensor:
