@@ -9,9 +9,10 @@ words changes the digest); only byte content and order do — dtype and shape do
 
 The arithmetic is 32-bit: words are held as uint32, sums and products wrap modulo 2^32 (as in a GPU kernel's
 uint32), both lanes in one [2, n] pass. The host computes it in numpy, whose small-array operations cost a
-microsecond where torch's cost several: 4.6x faster than the same int32 arithmetic in torch for a staged page
-table (640 words), 2x for a 0.8B slot's million words, on the 2-core VM (``tests/unit/test_checksum.py`` checks
-it against the formula written out in plain Python). A device tensor is read back first: the GPU's own
+microsecond where torch's cost several: 4.6x faster than the same int32 arithmetic in torch for 640 words, 2x
+for a 0.8B slot's million words, on the 2-core VM; a staged metadata shard's digest inside a ledger run on the
+H100, 119-141 us against 188 us (``benchmarks/ledger_host_time.py``). ``tests/unit/test_checksum.py`` checks it
+against the formula written out in plain Python. A device tensor is read back first: the GPU's own
 digests are the Triton kernels (``ops.checksum.triton``).
 """
 
@@ -81,16 +82,11 @@ def checksum_words(words: torch.Tensor) -> int:
 
 
 def checksum_ints(values: Sequence[int]) -> int:
-    """``slot_checksum(torch.tensor(values, dtype=torch.int32))`` without a tensor, for the lists the ledger digests
-    on the host (a staged page table: a few dozen ids): plain Python for the shortest, where an array's fixed cost
-    is all of its cost (4 ids on the 2-core VM: 4 us this way, 11 us in numpy), numpy beyond ``_PLAIN_INTS``
-    (40 ids: 36 us this way, 12 us in numpy)."""
-    if len(values) > _PLAIN_INTS:
-        array = np.asarray(values)
-        if (array.ndim == 1 and array.dtype.kind in "iu" and int(array.min()) >= -(1 << 31)
-                and int(array.max()) < 1 << 31):
-            return join_lanes(_array_lanes(array.astype(np.int64, copy=False)))
-    lanes = []  # (or not a list of int32 values: the loop below says where)
+    """``slot_checksum(torch.tensor(values, dtype=torch.int32))`` in plain Python, for the short lists the ledger
+    digests on the host (a staged page table: a few dozen ids), where an array's fixed cost is all of its cost.
+    Measured inside a ledger run on the H100 (``benchmarks/ledger_host_time.py``): 20 us a call this way, 77 us
+    through numpy (whose per-call cost inside a run is several times what a loop timing it alone shows)."""
+    lanes = []
     for offset in _LANE_OFFSETS:
         total = 0
         for index, value in enumerate(values):
@@ -102,9 +98,6 @@ def checksum_ints(values: Sequence[int]) -> int:
             total += x ^ (x >> 16)
         lanes.append(total)
     return join_lanes((lanes[0], lanes[1]))
-
-
-_PLAIN_INTS = 12  # the longest list checksum_ints digests in plain Python (the two ways cost alike at 12-15 ids)
 
 
 def slot_checksum(tensor: torch.Tensor) -> int:
