@@ -198,39 +198,6 @@ def test_landed_digests_are_read_without_waiting_for_work_queued_after_them():
     assert got == [join_lanes((5862, 6839)), [join_lanes((5, 6)), join_lanes((7, 8))], join_lanes((0, 977))]
 
 
-def test_digest_rows_come_from_laps_and_land_whole_across_laps(monkeypatch):
-    """On the GPU the kernels' zeroed lanes are consecutive rows of the stream's lap (zeros, no allocation), except
-    under graph capture (a tensor of their own, zeroed by the graph); the host copies go into pinned laps, and over
-    several laps (a used-up lap kept until its last copy has landed) every digest reads back what was copied."""
-    import torch
-
-    from mini_engine.ops.checksum import laps
-    from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests
-
-    monkeypatch.setattr(laps, "LAP_ROWS", 8)
-    monkeypatch.setattr(laps, "_ZEROED", laps._Laps(laps._zeroed_lap))  # laps of 8 rows, not the engine's
-    a, b = laps.zeroed_rows(3, torch.device("cuda")), laps.zeroed_rows(2, torch.device("cuda"))
-    assert a._base is b._base and b.storage_offset() - a.storage_offset() == 3 * 2
-    assert not torch.cat([a, b]).any()
-    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph):
-        captured = laps.zeroed_rows(2, torch.device("cuda"))
-    assert captured._base is None
-    pinned = laps.PinnedLaps()
-    values, want = [], []
-    for i in range(12):  # 1-3 rows each: about four laps of 8
-        lanes = torch.arange(2 * (1 + i % 3), dtype=torch.int64, device="cuda").view(-1, 2) + 100 * i
-        torch.cuda._sleep(1 << 20)  # the copies land after the host has moved on
-        host, event = pinned.copy(lanes)
-        assert host.is_pinned()
-        values.append(DeviceDigests(host, event))
-        want.append(DeviceDigests.resolve_all([DeviceDigests(lanes.cpu(), event)])[0])
-    assert len({id(v.lanes._base) for v in values}) >= 3  # the copies crossed laps
-    for value in values:
-        value.wait()
-    assert DeviceDigest.resolve_all(values) == want
-
-
 def test_the_ledger_reads_device_checksums_as_ints(cuda_model):
     """With a sink on cuda every ledger row reaches it once the run ends, its checksums resolved to ints in seq
     order."""

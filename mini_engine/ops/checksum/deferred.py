@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from mini_engine.instrument import Deferred
-from mini_engine.ops.checksum.laps import PINNED, recorded
 
 __all__ = ["DeviceDigest", "DeviceDigests", "on_host", "rows_lanes"]
 
@@ -39,7 +38,9 @@ class DeviceDigest(Deferred):
     @staticmethod
     def event_now() -> torch.cuda.Event:
         """An event recorded on the current stream (the one the lanes were queued on)."""
-        return recorded(torch.cuda.current_stream())
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def landing(self) -> torch.cuda.Event:
         return self.event
@@ -56,26 +57,19 @@ class DeviceDigest(Deferred):
 
     @classmethod
     def resolve_all(cls, values: list[DeviceDigest]) -> list:
-        """The values, their lanes joined in one pass: the rows each tensor they are views of holds from the first
-        of theirs to the last, read once (``on_host``'s lanes are rows of one lap, taken in order: a flush's are
-        mostly one run of rows); lanes on the host make no device call."""
+        """The values, their lanes joined in one pass (each tensor once, however many rows it holds); lanes on the
+        host make no device call."""
         from mini_engine.ops.checksum.triton import digests
 
-        spans: dict[int, list] = {}  # id(tensor viewed) -> [its rows [N, 2], the first row read, the row after the last]
-        firsts = []  # each value's tensor viewed and first row in it
+        batches: dict[int, tuple[torch.Tensor, int]] = {}  # id(lanes) -> (lanes as [n, 2], its first row below)
+        first = 0
         for v in values:
-            lanes = v.lanes
-            base = lanes if lanes._base is None else lanes._base
-            first = (lanes.storage_offset() - base.storage_offset()) // 2
-            end = first + lanes.numel() // 2
-            span = spans.get(id(base))
-            if span is None:
-                spans[id(base)] = [base.view(-1, 2), first, end]
-            else:
-                span[1], span[2] = min(span[1], first), max(span[2], end)
-            firsts.append((id(base), first))
-        read = {key: digests(rows[lo:hi]) for key, (rows, lo, hi) in spans.items()}
-        return [v.finish(read[key], first - spans[key][1]) for v, (key, first) in zip(values, firsts)]
+            if id(v.lanes) not in batches:
+                batches[id(v.lanes)] = (v.lanes.view(-1, 2), first)
+                first += batches[id(v.lanes)][0].shape[0]
+        tensors = [lanes for lanes, _ in batches.values()]
+        read = digests(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
+        return [v.finish(read, batches[id(v.lanes)][1]) for v in values]
 
 
 class DeviceDigests(DeviceDigest):
@@ -97,13 +91,14 @@ class DeviceDigests(DeviceDigest):
 
 
 def on_host(lanes: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
-    """``lanes`` (int64 rows of two lanes), which the current stream is computing, copied into pinned host memory
-    by a copy queued now behind that work (rows of a lap: ``laps.PINNED``), and an event recorded after the copy:
-    once it has passed the host reads the values with no device call. (A read-back at the ledger's flush,
-    ``.tolist()`` on the compute stream, would wait for everything queued there since: the host would stop running
-    ahead of the device at every flush.) Replaces the clone a graph's outputs needed: its next replay overwrites
-    them after this copy has read them."""
-    return PINNED.copy(lanes)
+    """``lanes``, which the current stream is computing, copied into pinned host memory by a copy queued now behind
+    that work, and an event recorded after the copy: once it has passed the host reads the values with no device
+    call. (A read-back at the ledger's flush, ``.tolist()`` on the compute stream, would wait for everything
+    queued there since: the host would stop running ahead of the device at every flush.) Replaces the clone a
+    graph's outputs needed: its next replay overwrites them after this copy has read them."""
+    host = torch.empty(lanes.shape, dtype=lanes.dtype, pin_memory=True)
+    host.copy_(lanes, non_blocking=True)
+    return host, DeviceDigest.event_now()
 
 
 def rows_lanes(table: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

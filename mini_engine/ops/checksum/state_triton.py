@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from mini_engine.constants import SNAPSHOT_ALIGN
-from mini_engine.ops.checksum.laps import zeroed_rows
 from mini_engine.ops.checksum.memo import StateMemo
 from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX
 from mini_engine.ops.checksum.triton import BLOCK, CHUNK, _chunk_lanes
@@ -159,8 +158,7 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
                          f"{tuple(lengths.shape)}")
     if pending_layout.rows_max != SNAPSHOT_ALIGN - 1:
         raise ValueError(f"the pending pool holds {SNAPSHOT_ALIGN - 1} rows a layer; got {pending_layout.rows_max}")
-    per_slot = 1 if memo is None else 2  # with the memo two pairs a slot, which _memo_kernel finishes
-    parts = zeroed_rows(n * per_slot, conv.device).view(n, per_slot, 2)
+    parts = torch.zeros((n, 1 if memo is None else 2, 2), dtype=torch.int64, device=conv.device)
     chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
               triton.cdiv(pending_layout.row_words, CHUNK)]
     if not n:
@@ -196,7 +194,7 @@ def copy_state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Te
     if layouts is None:
         layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
     conv_layout, rec_layout, pending_layout = layouts
-    parts = zeroed_rows(2, conv.device)
+    parts = torch.zeros((2, 2), dtype=torch.int64, device=conv.device)
     chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
               triton.cdiv(pending_layout.row_words, CHUNK)]
     grid = (chunks[0] + chunks[1] + length % SNAPSHOT_ALIGN * pending_layout.outer * chunks[2],)

@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from mini_engine.ops.checksum.laps import zeroed_rows
 from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX, join_lanes
 from mini_engine.ops.slot_layout import pool_words
 
@@ -82,7 +81,7 @@ def checksum_lanes(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tenso
     if slots.shape != (n,) or (rows is not None and rows.shape != (n,)):
         raise ValueError(f"slots and rows must be 1-D of one length; got {tuple(slots.shape)} and "
                          f"{None if rows is None else tuple(rows.shape)}")
-    lanes = zeroed_rows(n, pool.device)
+    lanes = torch.zeros((n, 2), dtype=torch.int64, device=pool.device)
     chunks = triton.cdiv(layout.rows_max * layout.row_words, CHUNK)
     if n and chunks:
         slots = slots.to(pool.device)
