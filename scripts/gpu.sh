@@ -10,7 +10,8 @@
 #              this GPU's name), of the state digests (the memo's kernel and engine, the copy that digests both ends,
 #              against read-back digests) and of the ledger's read of them; the
 #              ledger's rounds (tracked and read back) and the safeguards', then where the ledger's host time goes
-#              (cProfile of a ledger run against one without: the functions it adds)
+#              (cProfile of a ledger run against one without: the functions it adds; then benchmarks/ledger_host_time.py:
+#              the ledger's functions timed inside a run without a profiler's overhead)
 #   second     what priority leaves, in the next call: tests/gpu whole, benchmarks/state_digests.py --device cuda
 #              (a decode step's state digests at batch 32, tracked vs read back), the engine's defaults against
 #              cuBLAS and transformers (batch 1 and 32, the roofline)
@@ -100,7 +101,9 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         step 300 throughput python3 benchmarks/engine_throughput.py --device cuda --shape 0.8b --dtype bfloat16 \
             --max-tokens 64 --repeats 5 --modes "copy, overlap" "copy, overlap, ledger" "copy, overlap, ledger read back" \
             "safeguards off, overlap" --profile "$out/ledger_profile.txt" --out "$out/engine_throughput_cuda_08b.json"
-        sed -n '/against/,$p' "$out/ledger_profile.txt" | head -32 | cut -c1-150 ;;
+        sed -n '/against/,$p' "$out/ledger_profile.txt" | head -32 | cut -c1-150
+        step 120 ledger_host_time python3 benchmarks/ledger_host_time.py --device cuda --shape 0.8b --dtype bfloat16 \
+            --max-tokens 64 --repeats 3 --out "$out/ledger_host_time.json" ;;
     second)
         step 240 tests python3 -m pytest -q -p no:cacheprovider tests/gpu
         step 90 state_digests python3 benchmarks/state_digests.py --device cuda --batch 32 \
