@@ -134,7 +134,7 @@ def main() -> None:
               f"{seconds / steps * 1e6:>9.2f}")
     with open(args.out, "w") as handle:
         json.dump({"settings": {**settings, "shape": args.shape, "mode": args.mode, "base": args.base},
-                   "base_seconds": base, "ledger_seconds": plain, "timed_run": {k: v for k, v in result.items()},
+                   "base_seconds": base, "ledger_seconds": plain, "timed_run": result,
                    "functions": {k: {"calls": c, "seconds": s} for k, (c, s) in totals.items()}}, handle, indent=2)
 
 

@@ -51,14 +51,9 @@ def _lane_steps(n: int) -> np.ndarray:
 def word_lanes(words: torch.Tensor, first: int = 0) -> tuple[int, int]:
     """The two lane sums mod 2^32 of a 1-D tensor of 32-bit words (int32 bit patterns, or int64 values in
     [0, 2^32)) whose first is word ``first`` of the digested sequence: per lane, the sum of
-    hash32((word + index * lane offset) mod 2^32), hash32(x) = x ^ x >> 16, times MIX, twice, then x ^ x >> 16.
-    Lanes of consecutive segments add up (mod 2^32) to the lanes of their concatenation."""
-    return _array_lanes(words.detach().cpu().numpy(), first)
-
-
-def _array_lanes(array: np.ndarray, first: int = 0) -> tuple[int, int]:
-    """``word_lanes`` of a 1-D numpy array of 32-bit words (int32 or uint32 bit patterns, or int64 values whose
-    low 32 bits are the words)."""
+    hash32((word + index * lane offset) mod 2^32), where hash32 twice sets x = (x ^ x >> 16) * MIX, then gives
+    x ^ x >> 16. Lanes of consecutive segments add up (mod 2^32) to the lanes of their concatenation."""
+    array = words.detach().cpu().numpy()
     array = array.astype(np.uint32) if array.dtype == np.int64 else array.view(np.uint32)
     x = _lane_steps(array.size) + array  # [2, n]: both lanes in one pass, wrapping
     if first:  # (index + first) * offset = index * offset + first * offset, mod 2^32
