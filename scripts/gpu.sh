@@ -14,7 +14,7 @@
 #              the ledger's functions timed inside a run without a profiler's overhead)
 #   second     what priority leaves, in the next call: tests/gpu whole, benchmarks/state_digests.py --device cuda
 #              (a decode step's state digests at batch 32, tracked vs read back), the engine's defaults against
-#              cuBLAS and transformers (batch 1 and 32, the roofline)
+#              cuBLAS (batch 1 and 32, the roofline; no transformers run: `--hf-dtype` with no dtype; `decode` has it)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
