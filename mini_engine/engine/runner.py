@@ -24,8 +24,9 @@ from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
-from mini_engine.ops.checksum import checksum_ints, slot_checksum
+from mini_engine.ops.checksum import checksum_ints
 from mini_engine.ops.checksum.deferred import DeviceDigests, rows_lanes
+from mini_engine.ops.checksum.reference import row_checksums
 
 __all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
 
@@ -335,12 +336,13 @@ def step_digests(states: StateStorage, inputs: torch.Tensor, table: torch.Tensor
 
 def _logits_checks(logits: torch.Tensor) -> torch.Tensor:
     """The 63-bit checks [B] (int64) of the exact logits [B, vocab] tokens were sampled from: on CUDA
-    computed on the device (one or two launches), into the batch's device results without a host round trip."""
+    computed on the device (one or two launches), into the batch's device results without a host round trip; on the
+    CPU the rows' digests in one pass (``row_checksums``)."""
     if logits.is_cuda:
         from mini_engine.ops.checksum.triton import row_digests
 
         return row_digests(logits, drop_sign=True)
-    return torch.tensor([slot_checksum(row) & _CHECK_MASK for row in logits], dtype=torch.long)
+    return torch.tensor([check & _CHECK_MASK for check in row_checksums(logits)], dtype=torch.long)
 
 
 def _media_rows(item: BatchItem) -> MediaRows | None:

@@ -87,3 +87,16 @@ def test_checksum_ints_is_the_digest_of_the_int32_tensor():
     for bad in (1 << 31, -(1 << 31) - 1, 1 << 70):
         with pytest.raises(ValueError, match=f"int32 values; got {bad} at index 1$"):
             checksum_ints([0, bad, 0])
+
+
+def test_row_checksums_are_each_rows_checksum():
+    """One pass over a batch's rows gives each row's ``slot_checksum``: float32 logits, bfloat16 rows of an odd
+    number of 16-bit values (the last word zero-padded), int32 rows of more dimensions, one row, none."""
+    from mini_engine.ops.checksum.reference import row_checksums
+
+    gen = torch.Generator().manual_seed(11)
+    for rows in (torch.randn(4, 259, generator=gen), torch.randn(3, 7, generator=gen).to(torch.bfloat16),
+                 torch.randint(-(2**31), 2**31, (2, 3, 5), generator=gen, dtype=torch.int32),
+                 torch.randn(1, 16, generator=gen)):
+        assert row_checksums(rows) == [slot_checksum(row) for row in rows]
+    assert row_checksums(torch.empty(0, 9)) == []

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["checksum_ints", "checksum_words", "join_lanes", "slot_checksum", "word_lanes"]
+__all__ = ["checksum_ints", "checksum_words", "join_lanes", "row_checksums", "slot_checksum", "word_lanes"]
 
 _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B
@@ -58,12 +58,31 @@ def word_lanes(words: torch.Tensor, first: int = 0) -> tuple[int, int]:
     x = _lane_steps(array.size) + array  # [2, n]: both lanes in one pass, wrapping
     if first:  # (index + first) * offset = index * offset + first * offset, mod 2^32
         x += np.array([[(first * offset) & _MASK32] for offset in _LANE_OFFSETS], dtype=np.uint32)
+    high, low = _hashed_sums(x).tolist()
+    return high, low
+
+
+def row_checksums(rows: torch.Tensor) -> list[int]:
+    """``[slot_checksum(row) for row in rows]`` of a tensor [B, ...], in one pass over all the rows (a step's logits:
+    one call, not one a row)."""
+    if not len(rows):
+        return []
+    raw = rows.detach().contiguous().reshape(len(rows), rows[0].numel()).view(torch.uint8)  # [B, bytes]
+    pad = (-raw.shape[1]) % 4
+    if pad:
+        raw = torch.cat([raw, raw.new_zeros(raw.shape[0], pad)], dim=1)
+    words = raw.view(torch.int32).cpu().numpy().view(np.uint32)  # [B, n]
+    sums = _hashed_sums(_lane_steps(words.shape[1])[None] + words[:, None, :])  # [B, 2]
+    return [join_lanes((high, low)) for high, low in sums.tolist()]
+
+
+def _hashed_sums(x: np.ndarray) -> np.ndarray:
+    """hash32 of every element of ``x`` (uint32, in place), summed mod 2^32 along the last axis."""
     for _ in range(2):
         x ^= x >> 16
         x *= np.uint32(_MIX)
     x ^= x >> 16
-    high, low = x.sum(axis=1, dtype=np.uint64) & _MASK32
-    return int(high), int(low)
+    return x.sum(axis=-1, dtype=np.uint64) & _MASK32
 
 
 def join_lanes(lanes: tuple[int, int]) -> int:
