@@ -24,9 +24,8 @@ from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
-from mini_engine.ops.checksum import checksum_ints
+from mini_engine.ops.checksum import checksum_ints, row_checksums
 from mini_engine.ops.checksum.deferred import DeviceDigests, rows_lanes
-from mini_engine.ops.checksum.reference import row_checksums
 
 __all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
 

@@ -63,15 +63,15 @@ def word_lanes(words: torch.Tensor, first: int = 0) -> tuple[int, int]:
 
 
 def row_checksums(rows: torch.Tensor) -> list[int]:
-    """``[slot_checksum(row) for row in rows]`` of a tensor [B, ...], in one pass over all the rows (a step's logits:
-    one call, not one a row)."""
+    """``[slot_checksum(row) for row in rows]`` of a tensor [B, ...]: each row's bytes in row-major order, zero-padded
+    to whole 32-bit words, all the rows in one pass (a step's logits: one call, not one a row)."""
     if not len(rows):
         return []
-    raw = rows.detach().contiguous().reshape(len(rows), rows[0].numel()).view(torch.uint8)  # [B, bytes]
+    raw = rows.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().reshape(len(rows), -1)  # [B, bytes]
     pad = (-raw.shape[1]) % 4
     if pad:
-        raw = torch.cat([raw, raw.new_zeros(raw.shape[0], pad)], dim=1)
-    words = raw.view(torch.int32).cpu().numpy().view(np.uint32)  # [B, n]
+        raw = np.concatenate([raw, np.zeros((len(rows), pad), dtype=np.uint8)], axis=1)
+    words = raw.view(np.uint32)  # [B, n]: little-endian words, as the GPU reads them
     sums = _hashed_sums(_lane_steps(words.shape[1])[None] + words[:, None, :])  # [B, 2]
     return [join_lanes((high, low)) for high, low in sums.tolist()]
 
@@ -115,9 +115,6 @@ def checksum_ints(values: Sequence[int]) -> int:
 
 
 def slot_checksum(tensor: torch.Tensor) -> int:
-    """64-bit digest (a Python int in [0, 2^64)) of ``tensor``'s bytes in row-major order."""
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    pad = (-raw.numel()) % 4
-    if pad:
-        raw = torch.cat([raw, raw.new_zeros(pad)])
-    return checksum_words(raw.view(torch.int32))
+    """64-bit digest (a Python int in [0, 2^64)) of ``tensor``'s bytes in row-major order (zero-padded to whole
+    32-bit words): the one row of ``row_checksums``."""
+    return row_checksums(tensor.reshape(1, -1))[0]
