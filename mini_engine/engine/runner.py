@@ -25,7 +25,7 @@ from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
 from mini_engine.ops.checksum import checksum_ints, row_checksums
-from mini_engine.ops.checksum.deferred import DeviceDigests, rows_lanes
+from mini_engine.ops.checksum.deferred import DeviceDigests, DigestRows, rows_lanes
 
 __all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
 
@@ -51,6 +51,30 @@ class Batch:
     host_sampled: torch.Tensor  # host copy of ``sampled``, landed once ``done`` is complete
     done: Event
     metadata_buffer: int = 0
+    # the ledger's digests of the forward on CUDA: rows of the same results tensors after ``sampled``'s, landing
+    # with them (``ModelRunner.launch``); None elsewhere
+    digests: DigestRows | None = None
+
+
+class _ResultsCopy:
+    """Where a batch's ``DigestRows`` land: its results' copy to the host, complete when ``batch.done`` is (recorded
+    right after the forward and that copy are queued; asking before is a bug, not a wait)."""
+
+    __slots__ = ("batch", "device")
+
+    def __init__(self, device: Device, batch: Batch) -> None:
+        self.device, self.batch = device, batch
+
+    def query(self) -> bool:
+        return self.device.is_complete(self._done())
+
+    def synchronize(self) -> None:
+        self.device.wait_host(self._done())
+
+    def _done(self) -> Event:
+        if self.batch.done.stream is None:
+            raise RuntimeError(f"batch {self.batch.index}'s digests asked for before its results copy was queued")
+        return self.batch.done
 
 
 class ModelRunner:
@@ -100,8 +124,15 @@ class ModelRunner:
         buffer = self._batches % self.metadata.n_buffers
         shards = self.metadata.prepare(buffer, self._decode_table(items)).shards
         pinned = self.device.torch_device.type == "cuda"
-        batch = Batch(self._batches, items, self.device.zeros((len(items), 2), dtype=torch.long),
-                      torch.zeros((len(items), 2), dtype=torch.long, pin_memory=pinned), Event(0), buffer)
+        # the results: a row per item (token, logits check), then on CUDA with a sink the rows of the forward's
+        # ledger digests, at most four an item: a decode item's state and page table, a snapshot's two ends
+        n = len(items)
+        rows = n + (4 * n if pinned and self.events.enabled else 0)
+        results = self.device.zeros((rows, 2), dtype=torch.long)
+        host = torch.zeros((rows, 2), dtype=torch.long, pin_memory=pinned)
+        batch = Batch(self._batches, items, results[:n], host[:n], Event(0), buffer)
+        if rows > n:
+            batch.digests = DigestRows(results[n:], host[n:], _ResultsCopy(self.device, batch))
         slots = [it.live_slot for it in items] + [it.track.slot for it in items if it.track is not None]
         self.fences.before(self.stream, slots)
         if not self.track_writer:
@@ -112,7 +143,7 @@ class ModelRunner:
         self.device.launch(self.stream, lambda: self._forward(batch, shards), label=f"forward#{batch.index}")
         # The sampled tokens come back right behind the forward: processing batch N waits for N
         # alone, while N+1 (built under overlap) may still be queued behind it.
-        self.device.copy(self.stream, batch.host_sampled, batch.sampled, label=f"tokens#{batch.index}")
+        self.device.copy(self.stream, host, results, label=f"tokens#{batch.index}")
         batch.done = self.fences.after(self.stream, slots)
         self.metadata.mark_dispatched(buffer, batch.done)
         return batch
@@ -169,8 +200,9 @@ class ModelRunner:
             if sampled:
                 batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(batch.sampled.device))
             written = self.states.step_checksums([it.live_slot for it in items],
-                                                 [it.start + it.length for it in items])
-            snapshots = iter(self._snapshot_checksums([it for it, wrote in zip(items, wrote_track) if wrote]))
+                                                 [it.start + it.length for it in items], into=batch.digests)
+            snapshots = iter(self._snapshot_checksums([it for it, wrote in zip(items, wrote_track) if wrote],
+                                                      batch.digests))
             for i, it, checksum, wrote in zip(indices, items, written, wrote_track):
                 read = None if it.tokens is not None else checksum_ints(pages[i][: len(it.pages)])
                 self._report_writes(batch.index, it, checksum, next(snapshots) if wrote else None, read)
@@ -201,21 +233,28 @@ class ModelRunner:
         # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
         snapshots = [it for it in items
                      if it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer]
-        for it in snapshots:
-            live = it.live_slot
-            self.states.write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live],
-                                                               self.states.rec[live]))
-        if self.events.enabled and snapshots:
+        if batch.digests is not None:  # the ledger's, on CUDA: one launch a snapshot copies it and digests both ends
             with self.events.timing():
-                for it, checksum in zip(snapshots, self._snapshot_checksums(snapshots)):
-                    self._report_snapshot(batch.index, it, checksum)
+                for it in snapshots:
+                    _, written = self.states.copy_witnessed(it.track.slot, it.live_slot, it.start + 1,
+                                                            into=batch.digests)
+                    self._report_snapshot(batch.index, it, written)
+        else:
+            for it in snapshots:
+                live = it.live_slot
+                self.states.write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live],
+                                                                   self.states.rec[live]))
+            if self.events.enabled and snapshots:
+                with self.events.timing():
+                    for it, checksum in zip(snapshots, self._snapshot_checksums(snapshots, None)):
+                        self._report_snapshot(batch.index, it, checksum)
 
     def _decode_digests(self, batch: Batch, rows: torch.Tensor, items: list[BatchItem], counts: list[int],
                         table: torch.Tensor, logits: torch.Tensor, digests: tuple) -> DeviceDigests | list[int]:
         """The ledger's digests of a decode step, 2B of them: the checksums of the states the items' slots were left
         with, then of the page-table rows the step read; the logits' checks go into the batch's results. On CUDA
-        one device computation (``step_digests``; ``digests`` when the step's graph replayed it), read back
-        later; on the sim host ints."""
+        one device computation (``step_digests``; ``digests`` when the step's graph replayed it), its lanes copied
+        into the batch's digest rows (they land with its tokens); on the sim host ints."""
         slots, lengths = [it.live_slot for it in items], [it.start + 1 for it in items]
         if not logits.is_cuda:
             batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
@@ -227,7 +266,9 @@ class ModelRunner:
         lanes, checks = digests
         batch.sampled[:, 1].index_copy_(0, rows, checks)
         self.states.count_step(lengths)
-        return DeviceDigests.all_of(lanes)  # copied out before the graph's next replay overwrites them
+        out, first = batch.digests.take(2 * len(items))
+        out.copy_(lanes.view(-1, 2))  # into the batch's results before the graph's next replay overwrites them
+        return batch.digests.all_of(first, 2 * len(items))
 
     def _report_step(self, batch: int, items: list[BatchItem], digests: DeviceDigests | list[int]) -> None:
         """A decode step's ledger rows, made together once its ``digests`` land (``Instrumentation.emit_rows``):
@@ -243,9 +284,10 @@ class ModelRunner:
 
         self.events.emit_rows(2 * n, digests, rows)
 
-    def _snapshot_checksums(self, items: list[BatchItem]) -> list:
-        """The checksums of the snapshots ``items`` wrote to their track slots, launched together after them."""
-        return self.states.checksums([it.track.slot for it in items], [it.track.position for it in items])
+    def _snapshot_checksums(self, items: list[BatchItem], into: DigestRows | None) -> list:
+        """The checksums of the snapshots ``items`` wrote to their track slots, launched together after them (into
+        ``into``'s rows when given)."""
+        return self.states.checksums([it.track.slot for it in items], [it.track.position for it in items], into=into)
 
     def _report_snapshot(self, batch: int, it: BatchItem, checksum) -> None:
         """The ledger row of the snapshot ``it`` wrote to its track slot (``_snapshot_checksums``)."""

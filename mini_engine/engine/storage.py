@@ -18,7 +18,7 @@ from mini_engine.device import Device, upload
 from mini_engine.model import ModelConfig, SequenceState
 from mini_engine.model.state import Snapshot, pending_width, state_bytes
 from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.deferred import DeviceDigest
+from mini_engine.ops.checksum.deferred import DeviceDigest, DigestRows
 from mini_engine.ops.checksum.memo import StateMemo, known_rows
 from mini_engine.ops.slot_layout import pool_words
 
@@ -78,11 +78,13 @@ class StateStorage:
         self.pending[dst, :, :rows].copy_(self.pending[src, :, :rows])
         self.forget_memos(dst)
 
-    def copy_witnessed(self, dst: int, src: int, length: int, *, recurrent: bool = True
+    def copy_witnessed(self, dst: int, src: int, length: int, *, recurrent: bool = True, into: DigestRows | None = None
                        ) -> tuple[int | DeviceDigest, int | DeviceDigest]:
         """``copy_slot``, and the checksums of ``src``'s state as the copy read it and of ``dst``'s as the copy left
-        it (an instrumented restore or clone). On CUDA one launch copies and digests both ends
-        (``copy_state_lanes``); elsewhere the source is digested before the copy and the destination after."""
+        it (an instrumented restore, clone or decode snapshot). On CUDA one launch copies and digests both ends
+        (``copy_state_lanes``), into two of ``into``'s rows when given (the batch's, landing with its results),
+        else copied to the host on their own; elsewhere the source is digested before the copy and the destination
+        after."""
         self.count_hashed([length, length])
         if not self.conv.is_cuda:
             read = slot_checksum(self.slot_bytes(src, length))
@@ -90,10 +92,11 @@ class StateStorage:
             return read, slot_checksum(self.slot_bytes(dst, length))
         from mini_engine.ops.checksum.state_triton import copy_state_lanes
 
+        out, first = into.take(2) if into is not None else (None, 0)
         lanes = copy_state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, dst=dst, src=src, length=length,
-                                 recurrent=recurrent, layouts=self._layouts)
+                                 recurrent=recurrent, layouts=self._layouts, out=out)
         self.forget_memos(dst)
-        read, written = DeviceDigest.each_of(lanes)
+        read, written = DeviceDigest.each_of(lanes) if into is None else into.each_of(first, 2)
         return read, written
 
     def clear_slot(self, slot: int) -> None:
@@ -115,38 +118,46 @@ class StateStorage:
         """The bytes the ledger's checksums have read: its device work (on a GPU with the memo, a sync)."""
         return self._read_back + (self.memo.hashed_bytes() if self.memo is not None else 0)
 
-    def checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
+    def checksums(self, slots: list[int], lengths: list[int], *, into: DigestRows | None = None
+                  ) -> list[int | DeviceDigest]:
         """The 64-bit checksum of the state of ``lengths[i]`` tokens in ``slots[i]``, read back whole (call it inside
         a device op): ints, or on CUDA ``DeviceDigest``s of the same bytes computed together, one launch for all
-        the slots (no copy of a slot, no sync)."""
+        the slots (no copy of a slot, no sync), into ``into``'s rows when given (``copy_witnessed``)."""
         self.count_hashed(lengths)
         if not slots:
             return []
         if not self.conv.is_cuda:
             return [slot_checksum(self.slot_bytes(s, n)) for s, n in zip(slots, lengths)]
-        return self._device_digests(slots, lengths, memo=None)
+        return self._device_digests(slots, lengths, None, into)
 
-    def step_checksums(self, slots: list[int], lengths: list[int]) -> list[int | DeviceDigest]:
+    def step_checksums(self, slots: list[int], lengths: list[int], *, into: DigestRows | None = None
+                       ) -> list[int | DeviceDigest]:
         """``checksums`` of the live slots a forward has just written (distinct slots), through the memo: what
         the slots' last digests read and nothing has written since is not read again (``ops.checksum.memo``)."""
         if self.memo is None:
-            return self.checksums(slots, lengths)
+            return self.checksums(slots, lengths, into=into)
         if not self.conv.is_cuda:
             return [self.memo.host_digest(self.conv[s], self.rec[s], self.pending[s], s, n)
                     for s, n in zip(slots, lengths)]
-        return self._device_digests(slots, lengths, memo=self.memo)
+        return self._device_digests(slots, lengths, self.memo, into)
 
-    def _device_digests(self, slots: list[int], lengths: list[int], *, memo: StateMemo | None) -> list[DeviceDigest]:
-        return DeviceDigest.each_of(self._uploaded_lanes(slots, lengths, memo))
+    def _device_digests(self, slots: list[int], lengths: list[int], memo: StateMemo | None,
+                        into: DigestRows | None) -> list[DeviceDigest]:
+        if into is None:
+            return DeviceDigest.each_of(self._uploaded_lanes(slots, lengths, memo))
+        out, first = into.take(len(slots))
+        self._uploaded_lanes(slots, lengths, memo, out)
+        return into.each_of(first, len(slots))
 
     def lanes(self, slots: list[int], lengths: list[int]) -> torch.Tensor:
         """The checksum kernel's lane sums [n, 2] of each (slot, length)'s state bytes read back whole, on the
         pools' device: one upload of the indices, one launch over the three pools (``state_lanes``), no sync."""
         return self._uploaded_lanes(slots, lengths, None)
 
-    def _uploaded_lanes(self, slots: list[int], lengths: list[int], memo: StateMemo | None) -> torch.Tensor:
+    def _uploaded_lanes(self, slots: list[int], lengths: list[int], memo: StateMemo | None,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
         index = upload(torch.tensor([slots, lengths], dtype=torch.int32), self.conv.device)
-        return self._lanes(index[0], index[1], memo)
+        return self._lanes(index[0], index[1], memo, out)
 
     def step_lanes(self, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``step_checksums``' lane sums for distinct slots and state lengths already on the device (int32 [n]
@@ -154,11 +165,12 @@ class StateStorage:
         ``DecodeGraphs(after=)``). The caller counts the bytes of read-back digests (``count_step``)."""
         return self._lanes(slots, lengths, self.memo)
 
-    def _lanes(self, slots: torch.Tensor, lengths: torch.Tensor, memo: StateMemo | None) -> torch.Tensor:
+    def _lanes(self, slots: torch.Tensor, lengths: torch.Tensor, memo: StateMemo | None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         from mini_engine.ops.checksum.state_triton import state_lanes
 
         return state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, slots=slots, lengths=lengths,
-                           layouts=self._layouts, memo=memo)
+                           layouts=self._layouts, memo=memo, out=out)
 
     def count_hashed(self, lengths: list[int]) -> None:
         """Add the bytes of states of ``lengths`` tokens read back whole to ``hashed_bytes``."""

@@ -444,3 +444,43 @@ def test_a_model_with_more_ids_than_the_tokenizer_serves_text():
     past = [t for t in result.output_ids if t >= engine.tokenizer.vocab_size]
     assert past and all(t < 4096 for t in result.output_ids)
     assert result.text.count("\ufffd") >= len(past)
+
+
+def test_a_batchs_digests_land_with_its_results_copy_and_not_before_it_is_queued():
+    """The landing of a batch's ledger digests (``DigestRows`` in its results, CUDA) is its results copy: asking
+    before the runner has queued it is refused (the rows would read as landed while their batch has not run), and
+    once ``batch.done`` is recorded it is that event's state."""
+    from mini_engine.device import Event
+    from mini_engine.device.sim import SimDevice
+    from mini_engine.engine.runner import Batch, _ResultsCopy
+
+    device = SimDevice()
+    stream = device.stream("compute")
+    batch = Batch(7, [], torch.zeros(0, 2), torch.zeros(0, 2), Event(0))
+    landing = _ResultsCopy(device, batch)
+    with pytest.raises(RuntimeError, match="batch 7's digests asked for before its results copy was queued"):
+        landing.query()
+    device.launch(stream, lambda: None, label="forward")
+    batch.done = device.new_event()
+    device.record(batch.done, stream)
+    assert not landing.query()
+    landing.synchronize()
+    assert landing.query()
+
+
+def test_the_ledger_is_flushed_every_few_steps_while_busy_and_waited_for_once_idle(tiny_model):
+    """A flush costs the same however little it delivers: while requests run the engine flushes the ledger every
+    ``LEDGER_FLUSH_STEPS`` steps, without waiting; the step that leaves it idle flushes and waits for every row."""
+    from mini_engine.engine.engine import LEDGER_FLUSH_STEPS
+
+    rows = []
+    engine = Engine(EngineConfig(overlap=True), model=tiny_model, sink=rows.append)
+    flushes = []
+    flush = engine.events.flush
+    engine.events.flush = lambda *, wait=False: (flushes.append((engine.steps, wait)), flush(wait=wait))
+    engine.submit(tokens(random.Random(2), 70), SamplingParams(max_tokens=2 * LEDGER_FLUSH_STEPS + 3))
+    drive(engine)
+    last = engine.steps
+    assert last > 2 * LEDGER_FLUSH_STEPS
+    want = [(s, False) for s in range(LEDGER_FLUSH_STEPS, last, LEDGER_FLUSH_STEPS)] + [(last, True)]
+    assert flushes == want and engine.events.pending == 0 and rows

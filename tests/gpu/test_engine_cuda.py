@@ -69,7 +69,7 @@ def test_greedy_hits_give_the_cold_runs_tokens_on_the_gpu(cuda_model, overlap, d
     batch-invariant on CUDA (``benchmarks/gpu_invariance.py``)."""
     requests = hit_heavy()
     for prefill in ("triton", "reference"):
-        options = dict(decode_kernels=decode_kernels, prefill_kernels=prefill)
+        options = {"decode_kernels": decode_kernels, "prefill_kernels": prefill}
         hot_run = run(cuda_model, requests, overlap=overlap, **options)
         cold_run = run(cuda_model, requests, enable_cache=False, **options)
         hot, cold = hot_run[0], cold_run[0]
@@ -157,7 +157,7 @@ def test_device_checksums_are_the_reference_digests():
     from mini_engine.engine.runner import _CHECK_MASK, _logits_checks
     from mini_engine.engine.storage import StateStorage
     from mini_engine.ops.checksum import slot_checksum
-    from mini_engine.ops.checksum.deferred import DeviceDigest
+    from mini_engine.ops.checksum.deferred import DeviceDigest, DigestRows
 
     config = build_builtin("tiny-random").config
     states = StateStorage(config, 4, CudaDevice())
@@ -172,6 +172,18 @@ def test_device_checksums_are_the_reference_digests():
         d.wait()
     want = [slot_checksum(states.slot_bytes(slot, length).cpu()) for slot, length in cases]
     assert DeviceDigest.resolve_all(got) == want
+    # into a batch's digest rows, landing with one copy of them: the same digests, and a snapshot's copy of slot 1
+    # (at 64) into slot 2 digests both ends as slot 1's
+    results = torch.zeros((7, 2), dtype=torch.int64, device="cuda")
+    host = torch.zeros((7, 2), dtype=torch.int64, pin_memory=True)
+    copied = torch.cuda.Event()
+    rows = DigestRows(results, host, copied)
+    into = [*states.checksums(slots, lengths, into=rows), *states.copy_witnessed(2, 1, 64, into=rows)]
+    host.copy_(results, non_blocking=True)
+    copied.record()
+    assert rows.taken == 6 and all(d.landing() is copied for d in into)
+    into[0].wait()
+    assert DeviceDigest.resolve_all(into) == [*want, want[0], want[0]]
     for vocab in (259, 20_000):  # rows of one chunk (one launch) and of three (two launches)
         logits = torch.randn(3, vocab, generator=gen, device="cuda")
         assert _logits_checks(logits).tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()]

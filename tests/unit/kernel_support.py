@@ -5,6 +5,7 @@ from __future__ import annotations
 from itertools import accumulate
 from typing import NamedTuple
 
+import pytest
 import torch
 
 from mini_engine.model.layers import FusedProjection
@@ -224,7 +225,16 @@ def check_state_digest(*, device, **shapes) -> None:
     slots = torch.tensor([3, 1, 3], dtype=torch.int32, device=device)
     lengths = torch.tensor([128, 63, 81], dtype=torch.int32, device=device)
     lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=slots, lengths=lengths)
-    assert digests(lanes) == _read_back(conv, rec, pending, slots.tolist(), lengths.tolist())
+    want = _read_back(conv, rec, pending, slots.tolist(), lengths.tolist())
+    assert digests(lanes) == want
+    # into rows of a batch's results (``DigestRows``), read back whole or through a fresh memo, rows around untouched
+    results = torch.zeros((8, 2), dtype=torch.int64, device=device)
+    state_lanes(conv=conv, rec=rec, pending=pending, slots=slots[1:], lengths=lengths[1:], out=results[1:3])
+    memo = StateMemo(conv.shape[0], conv.device)
+    state_lanes(conv=conv, rec=rec, pending=pending, slots=slots[:2], lengths=lengths[:2], memo=memo, out=results[4:6])
+    assert digests(results) == [0, *want[1:], 0, *want[:2], 0, 0]
+    with pytest.raises(ValueError, match=r"out must be int64 \[2, 2\]"):
+        state_lanes(conv=conv, rec=rec, pending=pending, slots=slots[1:], lengths=lengths[1:], out=results[:3])
 
 
 def _read_back(conv, rec, pending, slots, lengths) -> list[int]:
@@ -323,8 +333,10 @@ def check_state_copy(*, device, recurrent=True, copies=ALL_ROWS_COPIES, **shapes
         if recurrent:
             expected[1][dst].copy_(expected[1][src])
         expected[2][dst, :, :rows].copy_(expected[2][src, :, :rows])
+        out = torch.zeros((3, 2), dtype=torch.int64, device=device)  # into rows of a batch's results, the last one
         lanes = copy_state_lanes(conv=pools[0], rec=pools[1], pending=pools[2], dst=dst, src=src, length=length,
-                                 recurrent=recurrent)
+                                 recurrent=recurrent, out=out[:2])
+        assert out[2].tolist() == [0, 0] and lanes.data_ptr() == out.data_ptr()
         for name, got, want in zip(("conv", "rec", "pending"), pools, expected):
             assert torch.equal(got, want), (name, dst, src, length)
         assert digests(lanes) == [*read, *_read_back(*expected, [dst], [length])], (dst, src, length)

@@ -208,3 +208,45 @@ def test_a_step_must_make_the_rows_it_promised(rows):
     unused = []
     Instrumentation().emit_rows(2, [5], lambda v: unused.append(v) or [])
     assert unused == [], "without a sink nothing is made"
+
+
+def test_digest_rows_hand_out_their_rows_once_and_read_back_as_the_batchs_digests():
+    """``DigestRows``: a batch's digests written into rows of its results (here by copies of ``rows_lanes``, as the
+    decode step's are) read back from the host mirror as each row's and a run of rows' reference digests, the rows
+    not taken staying out of them; asking for more rows than the batch has, or rows of the wrong shape, is refused
+    with what went wrong."""
+    import torch
+
+    from mini_engine.ops.checksum import slot_checksum
+    from mini_engine.ops.checksum.deferred import DeviceDigest, DigestRows, rows_lanes
+
+    class Copied:  # the batch's results copy: the host mirror is filled when it is asked whether it landed
+        def __init__(self, device, host):
+            self.device, self.host, self.queries = device, host, 0
+
+        def query(self):
+            self.queries += 1
+            self.host.copy_(self.device)
+            return True
+
+        def synchronize(self):
+            self.host.copy_(self.device)
+
+    table = torch.randint(0, 1 << 30, (4, 6), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
+    want = [slot_checksum(row) for row in table]
+    device, host = torch.zeros((7, 2), dtype=torch.int64), torch.zeros((7, 2), dtype=torch.int64)
+    landing = Copied(device, host)
+    rows = DigestRows(device, host, landing)
+    out, first = rows.take(3)
+    out.copy_(rows_lanes(table[:3]))
+    single, second = rows.take(1)
+    single.copy_(rows_lanes(table[3:]))
+    assert (first, second, rows.taken) == (0, 3, 4)
+    values = [rows.all_of(first, 3), *rows.each_of(second, 1), *rows.each_of(first + 1, 2)]
+    assert all(v.landing() is landing for v in values) and values[1].ready()
+    assert DeviceDigest.resolve_all(values) == [want[:3], want[3], want[1], want[2]]
+    with pytest.raises(RuntimeError, match="4 more digest rows asked of a batch's 7, 4 taken"):
+        rows.take(4)
+    assert rows.taken == 4, "a refused take takes nothing"
+    with pytest.raises(ValueError, match=r"int64 \[n, 2\]"):
+        DigestRows(device[:, :1], host[:, :1], landing)

@@ -8,6 +8,10 @@ step's rows, made together). The instrumentation queues rows holding one and, on
 joins the lanes a whole flush holds in one pass on the host (``mini_engine.instrument``): a flush makes no
 device call, so it never waits behind the steps queued since. A check that must land in a device tensor (the
 logits') is ``triton.row_digests``.
+
+A forward's digests need no copy or event of their own: ``DigestRows`` are rows the batch's results tensor
+holds beyond its tokens, zeroed with them, which the digest kernels fill on the device and the batch's one results
+copy brings to the host (``ModelRunner.launch``); they land when the batch's tokens do.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ import torch
 
 from mini_engine.instrument import Deferred
 
-__all__ = ["DeviceDigest", "DeviceDigests", "on_host", "rows_lanes"]
+__all__ = ["DeviceDigest", "DeviceDigests", "DigestRows", "on_host", "rows_lanes"]
 
 
 class DeviceDigest(Deferred):
     """A 64-bit digest whose lane sums land in ``lanes`` when ``event`` passes: ``lanes`` [2] int64, or row ``row`` of
     a batch's ``lanes`` [n, 2] (the batch's digests keep one tensor, not a view each: a step makes dozens). On a GPU
-    ``lanes`` is ``on_host``'s pinned copy; ``each_of`` makes a batch's digests so."""
+    ``lanes`` is pinned host memory: ``on_host``'s copy (``each_of`` makes a batch's digests so) or a batch's results
+    (``DigestRows``). ``event``: anything with ``query()`` and ``synchronize()``, one object for the digests that
+    land together."""
 
     __slots__ = ("event", "lanes", "row")
 
@@ -73,13 +79,15 @@ class DeviceDigest(Deferred):
 
 
 class DeviceDigests(DeviceDigest):
-    """All the digests of a batch's ``lanes`` [n, 2], as one value: a list of n ints once read back (a step's rows
-    made together, ``Instrumentation.emit_rows``)."""
+    """The digests of ``count`` rows of a batch's ``lanes`` [n, 2] from row ``row`` (all of them by default), as one
+    value: a list of ints once read back (a step's rows made together, ``Instrumentation.emit_rows``)."""
 
-    __slots__ = ()
+    __slots__ = ("count",)
 
-    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event) -> None:
-        super().__init__(lanes.view(-1, 2), event)
+    def __init__(self, lanes: torch.Tensor, event: torch.cuda.Event, row: int = 0, count: int | None = None) -> None:
+        lanes = lanes.view(-1, 2)
+        super().__init__(lanes, event, row)
+        self.count = lanes.shape[0] - row if count is None else count
 
     @classmethod
     def all_of(cls, lanes: torch.Tensor) -> DeviceDigests:
@@ -87,7 +95,38 @@ class DeviceDigests(DeviceDigest):
         return cls(*on_host(lanes))
 
     def finish(self, read: list[int], first: int) -> list[int]:
-        return read[first: first + self.lanes.shape[0]]
+        first += self.row
+        return read[first: first + self.count]
+
+
+class DigestRows:
+    """Rows of lane sums that land with a batch's results (the module's docstring): ``device`` [n, 2] int64, zeroed,
+    and its ``host`` mirror, which the batch's results copy fills; ``landing`` passes when it has (``query()``,
+    ``synchronize()``). ``take(k)`` hands out the next k device rows, for a digest launch to add its lane sums
+    into (or a copy to fill), and their first row's index; ``each_of`` and ``all_of`` are the digests of rows
+    taken. Taking more rows than there are is an error: the batch sized them from its items."""
+
+    __slots__ = ("device", "host", "landing", "taken")
+
+    def __init__(self, device: torch.Tensor, host: torch.Tensor, landing) -> None:
+        if device.shape != host.shape or device.shape[1:] != (2,) or device.dtype != torch.int64:
+            raise ValueError(f"digest rows are int64 [n, 2] on the device and on the host; got {device.dtype} "
+                             f"{tuple(device.shape)} and {tuple(host.shape)}")
+        self.device, self.host, self.landing, self.taken = device, host, landing, 0
+
+    def take(self, k: int) -> tuple[torch.Tensor, int]:
+        first = self.taken
+        if first + k > self.device.shape[0]:
+            raise RuntimeError(f"{k} more digest rows asked of a batch's {self.device.shape[0]}, {first} taken: the "
+                               "batch's count of its digests is short")
+        self.taken += k
+        return self.device[first: first + k], first
+
+    def each_of(self, first: int, k: int) -> list[DeviceDigest]:
+        return [DeviceDigest(self.host, self.landing, first + i) for i in range(k)]
+
+    def all_of(self, first: int, k: int) -> DeviceDigests:
+        return DeviceDigests(self.host, self.landing, first, k)
 
 
 def on_host(lanes: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:

@@ -143,12 +143,12 @@ def _memo_kernel(parts_ptr, lanes_ptr, slots_ptr, lengths_ptr, memo_lengths, mem
 
 def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, slots: torch.Tensor,
                 lengths: torch.Tensor, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None,
-                memo: StateMemo | None = None) -> torch.Tensor:
+                memo: StateMemo | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Lane sums [n, 2] int64 of each listed slot's state of ``lengths[i]`` tokens (``StateStorage.slot_bytes``):
     one launch over the three pools, and with ``memo`` a second that finishes the digests from it and updates it
     (the listed slots must then be distinct); no sync, graph-capturable. ``slots``, ``lengths``: [n] ints on the
     pools' device. ``layouts``: the three pools' ``pool_words`` (whole, whole, partial), when the caller keeps
-    them."""
+    them. ``out``: [n, 2] int64 rows to return the lane sums in, zeroed (``deferred.DigestRows``)."""
     if layouts is None:
         layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
     conv_layout, rec_layout, pending_layout = layouts
@@ -158,7 +158,12 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
                          f"{tuple(lengths.shape)}")
     if pending_layout.rows_max != SNAPSHOT_ALIGN - 1:
         raise ValueError(f"the pending pool holds {SNAPSHOT_ALIGN - 1} rows a layer; got {pending_layout.rows_max}")
-    parts = torch.zeros((n, 1 if memo is None else 2, 2), dtype=torch.int64, device=conv.device)
+    if out is not None and (out.shape != (n, 2) or out.dtype != torch.int64):
+        raise ValueError(f"out must be int64 [{n}, 2]; got {out.dtype} {tuple(out.shape)}")
+    if memo is None and out is not None:
+        parts = out.view(n, 1, 2)  # the kernel adds into it: zeroed by its owner
+    else:
+        parts = torch.zeros((n, 1 if memo is None else 2, 2), dtype=torch.int64, device=conv.device)
     chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
               triton.cdiv(pending_layout.row_words, CHUNK)]
     if not n:
@@ -173,7 +178,7 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
         LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
     if memo is None:
         return parts[:, 0]
-    lanes = torch.empty((n, 2), dtype=torch.int64, device=conv.device)
+    lanes = torch.empty((n, 2), dtype=torch.int64, device=conv.device) if out is None else out
     _memo_kernel[(triton.cdiv(n, 128),)](parts, lanes, slots, lengths, memo.lengths, memo.lanes, memo.hashed, n,
                                          conv_layout.row_words, rec_layout.row_words,
                                          pending_layout.outer * pending_layout.row_words, ALIGN=SNAPSHOT_ALIGN,
@@ -182,19 +187,21 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
 
 
 def copy_state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, dst: int, src: int, length: int,
-                     recurrent: bool = True, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None
-                     ) -> torch.Tensor:
+                     recurrent: bool = True, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Copy slot ``src``'s state of ``length`` tokens to slot ``dst`` (``StateStorage.copy_slot``: conv, rec unless
     ``recurrent`` is False, the ``length % 64`` pending rows) and digest it on the way, in one launch: lane sums
     [2, 2] int64, row 0 of src's state as the copy read it, row 1 of dst's as the copy left it (read back). No
     upload, no sync. A ledger's restore or clone on a GPU: two digests and the copy were three launches with two
-    uploads and two zeroed buffers."""
+    uploads and two zeroed buffers. ``out``: zeroed [2, 2] int64 rows to add them into (``deferred.DigestRows``)."""
     if dst == src:
         raise ValueError(f"a copy needs two slots; got dst = src = {dst}")
     if layouts is None:
         layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
     conv_layout, rec_layout, pending_layout = layouts
-    parts = torch.zeros((2, 2), dtype=torch.int64, device=conv.device)
+    if out is not None and (out.shape != (2, 2) or out.dtype != torch.int64):
+        raise ValueError(f"out must be int64 [2, 2]; got {out.dtype} {tuple(out.shape)}")
+    parts = torch.zeros((2, 2), dtype=torch.int64, device=conv.device) if out is None else out
     chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
               triton.cdiv(pending_layout.row_words, CHUNK)]
     grid = (chunks[0] + chunks[1] + length % SNAPSHOT_ALIGN * pending_layout.outer * chunks[2],)
