@@ -81,8 +81,8 @@ class StateStorage:
     def copy_witnessed(self, dst: int, src: int, length: int, *, recurrent: bool = True, into: DigestRows | None = None
                        ) -> tuple[int | DeviceDigest, int | DeviceDigest]:
         """``copy_slot``, and the checksums of ``src``'s state as the copy read it and of ``dst``'s as the copy left
-        it (an instrumented restore, clone or decode snapshot). On CUDA one launch copies and digests both ends
-        (``copy_state_lanes``), into two of ``into``'s rows when given (the batch's, landing with its results),
+        it (an instrumented restore, clone or decode snapshot). On CUDA one launch copies, digests both ends and
+        forgets dst's memos (``copy_state_lanes``), into two of ``into``'s rows when given (the batch's, landing with its results),
         else copied to the host on their own; elsewhere the source is digested before the copy and the destination
         after."""
         self.count_hashed([length, length])
@@ -94,8 +94,8 @@ class StateStorage:
 
         out, first = into.take(2) if into is not None else (None, 0)
         lanes = copy_state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, dst=dst, src=src, length=length,
-                                 recurrent=recurrent, layouts=self._layouts, out=out)
-        self.forget_memos(dst)
+                                 recurrent=recurrent, layouts=self._layouts, out=out, run_rows=self.run_rows,
+                                 memo=self.memo)  # (dst's memos forgotten in the launch: ``forget_memos``)
         read, written = DeviceDigest.each_of(lanes) if into is None else into.each_of(first, 2)
         return read, written
 

@@ -323,21 +323,31 @@ def check_state_copy(*, device, recurrent=True, copies=ALL_ROWS_COPIES, **shapes
     """``copy_state_lanes``: each copy (by default a state with no pending rows, with 17, with 63; a slot copied back
     into the one it came from) leaves the pools as ``StateStorage.copy_slot``'s torch copies do (rec kept with ``recurrent`` off,
     the rows past the state's length and every other slot untouched), and its two digests are the reference
-    digests of the source's state before the copy and of the destination's after it."""
+    digests of the source's state before the copy and of the destination's after it. Given the running-copy
+    counts and the digest memo (every copy but the first), it forgets dst's entries of both (-1), nothing else."""
     pools = engine_state_pools(device=device, **shapes)
     expected = [p.clone() for p in pools]
-    for dst, src, length in copies:
+    slots, layers = pools[0].shape[:2]
+    run_rows = torch.arange(slots * layers * 2, dtype=torch.int32, device=device).view(slots, layers, 2)
+    memo = StateMemo(slots, pools[0].device)
+    memo.lengths.copy_(torch.arange(slots, dtype=torch.int32))
+    kept_runs, kept_lengths = run_rows.clone(), memo.lengths.clone()
+    for i, (dst, src, length) in enumerate(copies):
         read = _read_back(*expected, [src], [length])
         rows = length % 64
         expected[0][dst].copy_(expected[0][src])
         if recurrent:
             expected[1][dst].copy_(expected[1][src])
         expected[2][dst, :, :rows].copy_(expected[2][src, :, :rows])
+        if i:
+            kept_runs[dst], kept_lengths[dst] = -1, -1
         out = torch.zeros((3, 2), dtype=torch.int64, device=device)  # into rows of a batch's results, the last one
         lanes = copy_state_lanes(conv=pools[0], rec=pools[1], pending=pools[2], dst=dst, src=src, length=length,
-                                 recurrent=recurrent, out=out[:2])
+                                 recurrent=recurrent, out=out[:2], run_rows=run_rows if i else None,
+                                 memo=memo if i else None)
         assert out[2].tolist() == [0, 0] and lanes.data_ptr() == out.data_ptr()
-        for name, got, want in zip(("conv", "rec", "pending"), pools, expected):
+        for name, got, want in zip(("conv", "rec", "pending", "run_rows", "memo"), [*pools, run_rows, memo.lengths],
+                                   [*expected, kept_runs, kept_lengths]):
             assert torch.equal(got, want), (name, dst, src, length)
         assert digests(lanes) == [*read, *_read_back(*expected, [dst], [length])], (dst, src, length)
     if not recurrent:  # the copy left the destination's own rec: its digest is not the source's

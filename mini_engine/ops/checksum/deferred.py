@@ -57,25 +57,33 @@ class DeviceDigest(Deferred):
     def wait(self) -> None:
         self.event.synchronize()
 
+    def end(self) -> int:
+        """The rows of ``lanes`` (as [n, 2]) its value reads: up to its own."""
+        return (self.row or 0) + 1
+
     def finish(self, read: list[int], first: int):
         """Its value from ``read``, the digests of the values read back together, its lanes' from ``first`` on."""
         return read[first + (self.row or 0)]
 
     @classmethod
     def resolve_all(cls, values: list[DeviceDigest]) -> list:
-        """The values, their lanes joined in one pass (each tensor once, however many rows it holds); lanes on the
-        host make no device call."""
+        """The values, their lanes joined in one pass: each tensor once, however many values read it, up to the last
+        row one reads (a batch's digest rows are as many as it could take); lanes on the host make no device call."""
         from mini_engine.ops.checksum.triton import digests
 
-        batches: dict[int, tuple[torch.Tensor, int]] = {}  # id(lanes) -> (lanes as [n, 2], its first row below)
-        first = 0
+        batches: dict[int, list] = {}  # id(lanes) -> [lanes as [n, 2], the rows read]
         for v in values:
-            if id(v.lanes) not in batches:
-                batches[id(v.lanes)] = (v.lanes.view(-1, 2), first)
-                first += batches[id(v.lanes)][0].shape[0]
-        tensors = [lanes for lanes, _ in batches.values()]
+            end, batch = v.end(), batches.get(id(v.lanes))
+            if batch is None:
+                batches[id(v.lanes)] = [v.lanes.view(-1, 2), end]
+            elif end > batch[1]:
+                batch[1] = end
+        firsts, first = {}, 0  # id(lanes) -> its first row in the joined read
+        for key, (_, end) in batches.items():
+            firsts[key], first = first, first + end
+        tensors = [lanes[:end] for lanes, end in batches.values()]
         read = digests(tensors[0] if len(tensors) == 1 else torch.cat(tensors))
-        return [v.finish(read, batches[id(v.lanes)][1]) for v in values]
+        return [v.finish(read, firsts[id(v.lanes)]) for v in values]
 
 
 class DeviceDigests(DeviceDigest):
@@ -93,6 +101,9 @@ class DeviceDigests(DeviceDigest):
     def all_of(cls, lanes: torch.Tensor) -> DeviceDigests:
         """The digests of ``lanes`` [n, 2], which the current stream is computing (``on_host``)."""
         return cls(*on_host(lanes))
+
+    def end(self) -> int:
+        return self.row + self.count
 
     def finish(self, read: list[int], first: int) -> list[int]:
         first += self.row

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["checksum_ints", "checksum_words", "join_lanes", "row_checksums", "slot_checksum", "word_lanes"]
+__all__ = ["checksum_ints", "checksum_words", "join_lane_rows", "join_lanes", "row_checksums", "slot_checksum",
+           "word_lanes"]
 
 _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B
@@ -72,8 +73,7 @@ def row_checksums(rows: torch.Tensor) -> list[int]:
     if pad:
         raw = np.concatenate([raw, np.zeros((len(rows), pad), dtype=np.uint8)], axis=1)
     words = raw.view(np.uint32)  # [B, n]: little-endian words, as the GPU reads them
-    sums = _hashed_sums(_lane_steps(words.shape[1])[None] + words[:, None, :])  # [B, 2]
-    return [join_lanes((high, low)) for high, low in sums.tolist()]
+    return join_lane_rows(_hashed_sums(_lane_steps(words.shape[1])[None] + words[:, None, :]))  # [B, 2] sums
 
 
 def _hashed_sums(x: np.ndarray) -> np.ndarray:
@@ -88,6 +88,13 @@ def _hashed_sums(x: np.ndarray) -> np.ndarray:
 def join_lanes(lanes: tuple[int, int]) -> int:
     """The 64-bit digest of two lane sums (any ints; each is taken mod 2^32)."""
     return ((lanes[0] & _MASK32) << 32) | (lanes[1] & _MASK32)
+
+
+def join_lane_rows(lanes: np.ndarray) -> list[int]:
+    """``[join_lanes(row) for row in lanes]`` of lane sums [n, 2] (any integer dtype), in one pass: a ledger flush
+    joins hundreds of digests at once."""
+    words = lanes.astype(np.uint64) & np.uint64(_MASK32)  # (a negative int64 wraps mod 2^64: mod 2^32 is the same)
+    return ((words[:, 0] << np.uint64(32)) | words[:, 1]).tolist()
 
 
 def checksum_words(words: torch.Tensor) -> int:

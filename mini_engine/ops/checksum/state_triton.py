@@ -88,15 +88,23 @@ def _state_kernel(conv_ptr, rec_ptr, pending_ptr, slots_ptr, lengths_ptr, memo_l
 
 
 @triton.jit(do_not_specialize=["dst", "src"])  # one compile for every pair of slots
-def _copy_kernel(conv_ptr, rec_ptr, pending_ptr, dst, src, parts_ptr, conv_stride, conv_words, rec_stride, rec_words,
-                 pending_stride, outer_stride, row_words, layers, conv_chunks, rec_chunks, row_chunks,
-                 RECURRENT: tl.constexpr, MIX: tl.constexpr, LANE0: tl.constexpr, LANE1: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+def _copy_kernel(conv_ptr, rec_ptr, pending_ptr, dst, src, parts_ptr, run_rows_ptr, memo_lengths, conv_stride,
+                 conv_words, rec_stride, rec_words, pending_stride, outer_stride, row_words, layers, conv_chunks,
+                 rec_chunks, row_chunks, RUN_WORDS: tl.constexpr, RUN_BLOCK: tl.constexpr, MEMO: tl.constexpr, RECURRENT: tl.constexpr,
+                 MIX: tl.constexpr, LANE0: tl.constexpr, LANE1: tl.constexpr, CHUNK: tl.constexpr,
+                 BLOCK: tl.constexpr):
     """Program b: chunk b (``_segment``) of the state; the grid stops at the state's last row. Digests src's words
     into parts[0], copies them to dst's (rec only if RECURRENT), then digests dst's words as they now are (read
-    back after a barrier: what the copy left, not what it meant to write) into parts[1]."""
+    back after a barrier: what the copy left, not what it meant to write) into parts[1]. Program 0 also forgets
+    dst's memos: its RUN_WORDS running-copy row counts (if any) and with MEMO its digest memo's length, set to -1."""
     b = tl.program_id(0).to(tl.int64)
     dst, src = tl.cast(dst, tl.int64), tl.cast(src, tl.int64)
+    if b == 0:
+        if RUN_WORDS > 0:
+            k = tl.arange(0, RUN_BLOCK)
+            tl.store(run_rows_ptr + dst * RUN_WORDS + k, tl.full(k.shape, -1, tl.int32), mask=k < RUN_WORDS)
+        if MEMO:
+            tl.store(memo_lengths + dst, tl.full((), -1, tl.int32))
     src_base, begin, n_words, first, segment, _ = _segment(
         b, src, conv_ptr, rec_ptr, pending_ptr, conv_stride, conv_words, rec_stride, rec_words, pending_stride,
         outer_stride, row_words, layers, conv_chunks, rec_chunks, row_chunks, CHUNK)
@@ -188,12 +196,15 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
 
 def copy_state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, dst: int, src: int, length: int,
                      recurrent: bool = True, layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, run_rows: torch.Tensor | None = None,
+                     memo: StateMemo | None = None) -> torch.Tensor:
     """Copy slot ``src``'s state of ``length`` tokens to slot ``dst`` (``StateStorage.copy_slot``: conv, rec unless
     ``recurrent`` is False, the ``length % 64`` pending rows) and digest it on the way, in one launch: lane sums
     [2, 2] int64, row 0 of src's state as the copy read it, row 1 of dst's as the copy left it (read back). No
     upload, no sync. A ledger's restore or clone on a GPU: two digests and the copy were three launches with two
-    uploads and two zeroed buffers. ``out``: zeroed [2, 2] int64 rows to add them into (``deferred.DigestRows``)."""
+    uploads and two zeroed buffers. ``out``: zeroed [2, 2] int64 rows to add them into (``deferred.DigestRows``).
+    ``run_rows`` (the decode kernel's running-copy counts, int32 [S, ...]) and ``memo``: dst's entries set to -1
+    in the same launch (``StateStorage.forget_memos``: two fill launches otherwise)."""
     if dst == src:
         raise ValueError(f"a copy needs two slots; got dst = src = {dst}")
     if layouts is None:
@@ -202,13 +213,17 @@ def copy_state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Te
     if out is not None and (out.shape != (2, 2) or out.dtype != torch.int64):
         raise ValueError(f"out must be int64 [2, 2]; got {out.dtype} {tuple(out.shape)}")
     parts = torch.zeros((2, 2), dtype=torch.int64, device=conv.device) if out is None else out
+    if run_rows is not None and (run_rows.dtype != torch.int32 or not run_rows.is_contiguous()):
+        raise ValueError(f"run_rows must be contiguous int32; got {run_rows.dtype}, strides {run_rows.stride()}")
+    run_words = 0 if run_rows is None else run_rows[0].numel()
     chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
               triton.cdiv(pending_layout.row_words, CHUNK)]
     grid = (chunks[0] + chunks[1] + length % SNAPSHOT_ALIGN * pending_layout.outer * chunks[2],)
     _copy_kernel[grid](
         conv_layout.words, rec_layout.words, pending_layout.words, dst, src, parts,
+        parts if run_rows is None else run_rows, parts if memo is None else memo.lengths,  # (unread if None)
         conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
         pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words, pending_layout.outer,
-        *chunks, RECURRENT=recurrent, MIX=_MIX, LANE0=_LANE_OFFSETS[0], LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK,
-        BLOCK=BLOCK)
+        *chunks, RUN_WORDS=run_words, RUN_BLOCK=triton.next_power_of_2(max(run_words, 1)), MEMO=memo is not None, RECURRENT=recurrent, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
+        LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
     return parts

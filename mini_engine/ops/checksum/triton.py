@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX, join_lanes
+from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX, join_lane_rows
 from mini_engine.ops.slot_layout import pool_words
 
 __all__ = ["checksum_lanes", "digests", "row_digests", "slot_checksum", "slot_checksums"]
@@ -157,7 +157,7 @@ def row_digests(table: torch.Tensor, *, drop_sign: bool = False) -> torch.Tensor
 
 def digests(lanes: torch.Tensor) -> list[int]:
     """64-bit digests (Python ints in [0, 2^64)) from lane sums [n, 2]; synchronises with the device."""
-    return [join_lanes(pair) for pair in lanes.tolist()]
+    return join_lane_rows(lanes.detach().cpu().numpy())
 
 
 def slot_checksums(*, pool: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor | None = None) -> list[int]:
