@@ -27,6 +27,8 @@ the snapshot it copies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mini_engine.cache import Owner, PagePool, RadixTree, SlotPool
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Stream
@@ -35,6 +37,7 @@ from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.request import Commit, Request, prefix_digest
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
+from mini_engine.ops.checksum.deferred import DigestRows
 
 __all__ = ["CacheManager", "TREE_PAGES", "TREE_SLOTS"]
 
@@ -61,6 +64,9 @@ class CacheManager:
         self.clones = self.clone_bytes = 0  # copy-on-donate: slot copies queued, and the bytes they move
         self._restore_rec_off = "restore_rec=off" in config.faults
         self.reference_checksum = None  # (tokens, media) -> int; set by the engine when reference_states
+        # () -> DigestRows | None: rows for the ledger's digests of a restore, landing with the next forward's
+        # results (``ModelRunner.early_rows``; set by the engine); None: each copied back on its own
+        self.early_rows: Callable[[], DigestRows | None] = lambda: None
 
     # -- admission ---------------------------------------------------------------------------
     def try_admit(self, request: Request) -> bool:
@@ -159,22 +165,25 @@ class CacheManager:
         position, rid = request.cached_len, request.rid
         if self._restore_rec_off:
             self.events.emit("fault", name="restore_rec=off", site="restore", rid=rid, src=source, dst=live)
-        self.device.launch(self.stream, lambda: self._copy_reported("restore_read", live, source, position, rid=rid),
-                           label=f"restore:{source}->{live}")
+        into = self.early_rows() if self.events.enabled else None
+        self.device.launch(self.stream, lambda: self._copy_reported("restore_read", live, source, position, rid=rid,
+                                                                    into=into), label=f"restore:{source}->{live}")
         self.fences.after(self.stream, [live, source])
         if self.events.enabled:
             self.events.emit("restore", rid=rid, src=source, dst=live, position=position,
                              node=request.match_node.node_id, prefix=prefix_digest(request.extra_key, request.prompt[:position]))
 
-    def _copy_reported(self, type_: str, dst: int, src: int, length: int, **ids) -> None:
+    def _copy_reported(self, type_: str, dst: int, src: int, length: int, *, into: DigestRows | None = None,
+                       **ids) -> None:
         """Device-side body of a restore or clone: copy, and (instrumented) report the checksum of the
-        source as read and of the destination as written, at the moment the copy runs."""
+        source as read and of the destination as written, at the moment the copy runs (on CUDA into ``into``'s
+        rows when given)."""
         recurrent = not (type_ == "restore_read" and self._restore_rec_off)
         if not self.events.enabled:
             self.states.copy_slot(dst, src, length, recurrent=recurrent)
             return
         with self.events.timing():  # the copy too: on a GPU one launch copies and digests (copy_witnessed)
-            read, written = self.states.copy_witnessed(dst, src, length, recurrent=recurrent)
+            read, written = self.states.copy_witnessed(dst, src, length, recurrent=recurrent, into=into)
             self.events.emit(type_, src=src, dst=dst, position=length, src_checksum=read, checksum=written, **ids)
 
     def _barrier(self, stream: Stream, slots: list[int], *, site: str, **ids) -> None:

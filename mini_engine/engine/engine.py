@@ -125,6 +125,7 @@ class Engine:
                                   cuda_graphs=config.cuda_graphs,
                                   decode_gemm=config.decode_gemm, decode_gdn=config.decode_gdn,
                                   decode_pdl=config.decode_pdl)
+        self.cache.early_rows = self.runner.early_rows  # a restore's ledger digests land with the next forward's
         self.requests: dict[str, Request] = {}
         self.steps = 0
         self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)

@@ -57,13 +57,14 @@ class Batch:
 
 
 class _ResultsCopy:
-    """Where a batch's ``DigestRows`` land: its results' copy to the host, complete when ``batch.done`` is (recorded
-    right after the forward and that copy are queued; asking before is a bug, not a wait)."""
+    """Where a batch's ``DigestRows`` land (its own and those of the work queued before it, ``early_rows``): its
+    results' copy to the host, complete when ``done`` is (the batch's, recorded right after the forward and that
+    copy are queued; asking before is a bug, not a wait)."""
 
-    __slots__ = ("batch", "device")
+    __slots__ = ("device", "done")
 
-    def __init__(self, device: Device, batch: Batch) -> None:
-        self.device, self.batch = device, batch
+    def __init__(self, device: Device) -> None:
+        self.device, self.done = device, None
 
     def query(self) -> bool:
         return self.device.is_complete(self._done())
@@ -72,9 +73,9 @@ class _ResultsCopy:
         self.device.wait_host(self._done())
 
     def _done(self) -> Event:
-        if self.batch.done.stream is None:
-            raise RuntimeError(f"batch {self.batch.index}'s digests asked for before its results copy was queued")
-        return self.batch.done
+        if self.done is None:
+            raise RuntimeError("digests asked for before the results copy they land with was queued")
+        return self.done
 
 
 class ModelRunner:
@@ -109,6 +110,11 @@ class ModelRunner:
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0
         self._staged_digests: dict[tuple[int, ...], int] = {}
+        # the ledger's digests on CUDA land with the batches' results (``DigestRows``): the next batch's landing,
+        # and the rows of the work queued before its forward (``early_rows``)
+        self._digest_rows = device.torch_device.type == "cuda" and instrumentation.enabled
+        self._landing: _ResultsCopy | None = None
+        self._early: list[DigestRows] = []
 
     def results(self, batch: Batch) -> list[tuple[int, int]]:
         """Block until ``batch`` has run and return (sampled token, logits check) per item (batches launched
@@ -127,12 +133,13 @@ class ModelRunner:
         # the results: a row per item (token, logits check), then on CUDA with a sink the rows of the forward's
         # ledger digests, at most four an item: a decode item's state and page table, a snapshot's two ends
         n = len(items)
-        rows = n + (4 * n if pinned and self.events.enabled else 0)
+        rows = n + (4 * n if self._digest_rows else 0)
         results = self.device.zeros((rows, 2), dtype=torch.long)
         host = torch.zeros((rows, 2), dtype=torch.long, pin_memory=pinned)
         batch = Batch(self._batches, items, results[:n], host[:n], Event(0), buffer)
+        landing, self._landing = self._landing or _ResultsCopy(self.device), None
         if rows > n:
-            batch.digests = DigestRows(results[n:], host[n:], _ResultsCopy(self.device, batch))
+            batch.digests = DigestRows(results[n:], host[n:], landing)
         slots = [it.live_slot for it in items] + [it.track.slot for it in items if it.track is not None]
         self.fences.before(self.stream, slots)
         if not self.track_writer:
@@ -144,9 +151,25 @@ class ModelRunner:
         # The sampled tokens come back right behind the forward: processing batch N waits for N
         # alone, while N+1 (built under overlap) may still be queued behind it.
         self.device.copy(self.stream, host, results, label=f"tokens#{batch.index}")
-        batch.done = self.fences.after(self.stream, slots)
+        for early in self._early:  # the digests of what was queued before the forward, landing with its results
+            self.device.copy(self.stream, early.host, early.device, label=f"early_digests#{batch.index}")
+        self._early = []
+        batch.done = landing.done = self.fences.after(self.stream, slots)
         self.metadata.mark_dispatched(buffer, batch.done)
         return batch
+
+    def early_rows(self) -> DigestRows | None:
+        """Digest rows, two at least left, for ledger work queued on the compute stream before the next forward (a
+        hit's restore, ``CacheManager``): read back with that forward's results. None off CUDA or without a sink."""
+        if not self._digest_rows:
+            return None
+        if not self._early or self._early[-1].left < 2:
+            if self._landing is None:
+                self._landing = _ResultsCopy(self.device)
+            self._early.append(DigestRows(self.device.zeros((_EARLY_ROWS, 2), dtype=torch.long),
+                                          torch.zeros((_EARLY_ROWS, 2), dtype=torch.long, pin_memory=True),
+                                          self._landing))
+        return self._early[-1]
 
     def _decode_table(self, items: list[BatchItem]) -> torch.Tensor:
         """Row r: the page table of the r-th decode item (zero-padded); prefill rows stay zero."""
@@ -361,6 +384,7 @@ _CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor elemen
 
 
 _STAGED_DIGESTS = 4096  # staged page tables whose checksums the runner remembers
+_EARLY_ROWS = 16  # digest rows opened at a time for the work queued before a forward (eight restores)
 
 
 def step_digests(states: StateStorage, inputs: torch.Tensor, table: torch.Tensor, logits: torch.Tensor

@@ -58,6 +58,7 @@ class StateStorage:
         self._row_bytes = self.pending[0, :, 0].nbytes
         self._layouts = (pool_words(self.conv, partial=False), pool_words(self.rec, partial=False),
                          pool_words(self.pending, partial=True))
+        self._copier = None  # ``copy_witnessed``'s on CUDA (``state_triton.StateCopier``), made at its first copy
 
     def forget_memos(self, slot: int, *, digests: bool = True) -> None:
         """The slot's bytes were written by something other than a decode step: its memos are stale (the decode
@@ -90,12 +91,13 @@ class StateStorage:
             read = slot_checksum(self.slot_bytes(src, length))
             self.copy_slot(dst, src, length, recurrent=recurrent)
             return read, slot_checksum(self.slot_bytes(dst, length))
-        from mini_engine.ops.checksum.state_triton import copy_state_lanes
+        if self._copier is None:
+            from mini_engine.ops.checksum.state_triton import StateCopier
 
+            self._copier = StateCopier(conv=self.conv, rec=self.rec, pending=self.pending, layouts=self._layouts,
+                                       run_rows=self.run_rows, memo=self.memo)  # (dst's memos forgotten in its launch)
         out, first = into.take(2) if into is not None else (None, 0)
-        lanes = copy_state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, dst=dst, src=src, length=length,
-                                 recurrent=recurrent, layouts=self._layouts, out=out, run_rows=self.run_rows,
-                                 memo=self.memo)  # (dst's memos forgotten in the launch: ``forget_memos``)
+        lanes = self._copier(dst, src, length, recurrent=recurrent, out=out)
         read, written = DeviceDigest.each_of(lanes) if into is None else into.each_of(first, 2)
         return read, written
 

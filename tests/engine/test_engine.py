@@ -447,22 +447,20 @@ def test_a_model_with_more_ids_than_the_tokenizer_serves_text():
 
 
 def test_a_batchs_digests_land_with_its_results_copy_and_not_before_it_is_queued():
-    """The landing of a batch's ledger digests (``DigestRows`` in its results, CUDA) is its results copy: asking
-    before the runner has queued it is refused (the rows would read as landed while their batch has not run), and
-    once ``batch.done`` is recorded it is that event's state."""
-    from mini_engine.device import Event
+    """The landing of a batch's ledger digests (``DigestRows`` in its results and before them, CUDA) is its results
+    copy: asking before the runner has queued it is refused (the rows would read as landed while their batch has
+    not run), and once the batch's ``done`` is recorded it is that event's state."""
     from mini_engine.device.sim import SimDevice
-    from mini_engine.engine.runner import Batch, _ResultsCopy
+    from mini_engine.engine.runner import _ResultsCopy
 
     device = SimDevice()
     stream = device.stream("compute")
-    batch = Batch(7, [], torch.zeros(0, 2), torch.zeros(0, 2), Event(0))
-    landing = _ResultsCopy(device, batch)
-    with pytest.raises(RuntimeError, match="batch 7's digests asked for before its results copy was queued"):
+    landing = _ResultsCopy(device)
+    with pytest.raises(RuntimeError, match="digests asked for before the results copy they land with was queued"):
         landing.query()
     device.launch(stream, lambda: None, label="forward")
-    batch.done = device.new_event()
-    device.record(batch.done, stream)
+    landing.done = device.new_event()
+    device.record(landing.done, stream)
     assert not landing.query()
     landing.synchronize()
     assert landing.query()

@@ -222,3 +222,29 @@ def test_the_ledger_reads_device_checksums_as_ints(cuda_model):
     checked = [r for r in rows if "checksum" in r or "read_checksum" in r]
     assert checked and all(isinstance(r.get("checksum", r.get("read_checksum")), int) for r in checked)
     assert all(r["match"] is True for r in rows if r["type"] == "decode_metadata")
+
+
+def test_the_ledgers_copies_and_snapshots_agree_with_the_states_they_copied_on_the_gpu(cuda_model):
+    """On cuda the digests of restores (landing with the next forward's results), clones (each read back on its own)
+    and decode snapshots (copied and digested in one launch, into the batch's rows) agree with the states they
+    copied: each copy's destination as left is its source as read; a restore reads what the clone that last filled
+    its source left there; a snapshot is the live state at its position wherever the ledger has both."""
+    rows = []
+    engine = Engine(EngineConfig(device="cuda", overlap=True), model=cuda_model, sink=rows.append)
+    for prompt, step in hit_heavy(seed=2)[:12]:
+        engine.submit(prompt, SamplingParams(max_tokens=40), at_step=step)
+    engine.run()
+    copies = [r for r in rows if r["type"] in ("restore_read", "clone_written")]
+    assert sum(r["type"] == "restore_read" for r in copies) >= 6
+    assert all(r["checksum"] == r["src_checksum"] for r in copies)
+    cloned, restored = {}, 0  # slot -> what the last clone into it left
+    for r in copies:
+        if r["type"] == "clone_written":
+            cloned[r["dst"]] = r["checksum"]
+        elif r["src"] in cloned:
+            assert r["src_checksum"] == cloned[r["src"]], r
+            restored += 1
+    live = {(r["rid"], r["position"]): r["checksum"] for r in rows if r["type"] == "slot_write"}
+    snapshots = [r for r in rows if r["type"] == "snapshot_write" and (r["rid"], r["position"]) in live]
+    assert restored >= 6 and len(snapshots) >= 6  # prompts of 151-189 tokens and 40 more cross 192 in decode
+    assert all(r["checksum"] == live[r["rid"], r["position"]] for r in snapshots)

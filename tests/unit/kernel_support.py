@@ -17,7 +17,7 @@ from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefi
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.memo import StateMemo
-from mini_engine.ops.checksum.state_triton import copy_state_lanes, state_lanes
+from mini_engine.ops.checksum.state_triton import StateCopier, copy_state_lanes, state_lanes
 from mini_engine.ops.checksum.triton import digests, slot_checksums
 from mini_engine.ops.linear import linear as reference_linear
 from mini_engine.ops.linear.triton import linear
@@ -332,6 +332,7 @@ def check_state_copy(*, device, recurrent=True, copies=ALL_ROWS_COPIES, **shapes
     memo = StateMemo(slots, pools[0].device)
     memo.lengths.copy_(torch.arange(slots, dtype=torch.int32))
     kept_runs, kept_lengths = run_rows.clone(), memo.lengths.clone()
+    copier = StateCopier(conv=pools[0], rec=pools[1], pending=pools[2], run_rows=run_rows, memo=memo)
     for i, (dst, src, length) in enumerate(copies):
         read = _read_back(*expected, [src], [length])
         rows = length % 64
@@ -342,9 +343,11 @@ def check_state_copy(*, device, recurrent=True, copies=ALL_ROWS_COPIES, **shapes
         if i:
             kept_runs[dst], kept_lengths[dst] = -1, -1
         out = torch.zeros((3, 2), dtype=torch.int64, device=device)  # into rows of a batch's results, the last one
-        lanes = copy_state_lanes(conv=pools[0], rec=pools[1], pending=pools[2], dst=dst, src=src, length=length,
-                                 recurrent=recurrent, out=out[:2], run_rows=run_rows if i else None,
-                                 memo=memo if i else None)
+        if i:  # one copier's launches: on a GPU the compiled kernel's from the second on
+            lanes = copier(dst, src, length, recurrent=recurrent, out=out[:2])
+        else:
+            lanes = copy_state_lanes(conv=pools[0], rec=pools[1], pending=pools[2], dst=dst, src=src, length=length,
+                                     recurrent=recurrent, out=out[:2])
         assert out[2].tolist() == [0, 0] and lanes.data_ptr() == out.data_ptr()
         for name, got, want in zip(("conv", "rec", "pending", "run_rows", "memo"), [*pools, run_rows, memo.lengths],
                                    [*expected, kept_runs, kept_lengths]):
@@ -352,6 +355,7 @@ def check_state_copy(*, device, recurrent=True, copies=ALL_ROWS_COPIES, **shapes
         assert digests(lanes) == [*read, *_read_back(*expected, [dst], [length])], (dst, src, length)
     if not recurrent:  # the copy left the destination's own rec: its digest is not the source's
         assert digests(lanes)[0] != digests(lanes)[1]
+    assert copier._launch.keys == ([recurrent] if device == "cuda" else []), "compiled launches: on a GPU only"
 
 
 def check_fused_projection(*, rows, widths, n_in, dtype, device, seed=0) -> None:

@@ -125,6 +125,11 @@ class DigestRows:
                              f"{tuple(device.shape)} and {tuple(host.shape)}")
         self.device, self.host, self.landing, self.taken = device, host, landing, 0
 
+    @property
+    def left(self) -> int:
+        """Rows not taken yet."""
+        return self.device.shape[0] - self.taken
+
     def take(self, k: int) -> tuple[torch.Tensor, int]:
         first = self.taken
         if first + k > self.device.shape[0]:

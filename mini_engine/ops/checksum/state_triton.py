@@ -24,9 +24,10 @@ from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.ops.checksum.memo import StateMemo
 from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX
 from mini_engine.ops.checksum.triton import BLOCK, CHUNK, _chunk_lanes
+from mini_engine.ops.launch import Launcher
 from mini_engine.ops.slot_layout import PoolWords, pool_words
 
-__all__ = ["copy_state_lanes", "state_lanes"]
+__all__ = ["StateCopier", "copy_state_lanes", "state_lanes"]
 
 
 @triton.jit
@@ -204,26 +205,58 @@ def copy_state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Te
     upload, no sync. A ledger's restore or clone on a GPU: two digests and the copy were three launches with two
     uploads and two zeroed buffers. ``out``: zeroed [2, 2] int64 rows to add them into (``deferred.DigestRows``).
     ``run_rows`` (the decode kernel's running-copy counts, int32 [S, ...]) and ``memo``: dst's entries set to -1
-    in the same launch (``StateStorage.forget_memos``: two fill launches otherwise)."""
-    if dst == src:
-        raise ValueError(f"a copy needs two slots; got dst = src = {dst}")
-    if layouts is None:
-        layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
-    conv_layout, rec_layout, pending_layout = layouts
-    if out is not None and (out.shape != (2, 2) or out.dtype != torch.int64):
-        raise ValueError(f"out must be int64 [2, 2]; got {out.dtype} {tuple(out.shape)}")
-    parts = torch.zeros((2, 2), dtype=torch.int64, device=conv.device) if out is None else out
-    if run_rows is not None and (run_rows.dtype != torch.int32 or not run_rows.is_contiguous()):
-        raise ValueError(f"run_rows must be contiguous int32; got {run_rows.dtype}, strides {run_rows.stride()}")
-    run_words = 0 if run_rows is None else run_rows[0].numel()
-    chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
-              triton.cdiv(pending_layout.row_words, CHUNK)]
-    grid = (chunks[0] + chunks[1] + length % SNAPSHOT_ALIGN * pending_layout.outer * chunks[2],)
-    _copy_kernel[grid](
-        conv_layout.words, rec_layout.words, pending_layout.words, dst, src, parts,
-        parts if run_rows is None else run_rows, parts if memo is None else memo.lengths,  # (unread if None)
-        conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
-        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words, pending_layout.outer,
-        *chunks, RUN_WORDS=run_words, RUN_BLOCK=triton.next_power_of_2(max(run_words, 1)), MEMO=memo is not None, RECURRENT=recurrent, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
-        LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
-    return parts
+    in the same launch (``StateStorage.forget_memos``: two fill launches otherwise). A caller that copies between
+    the same pools again and again keeps a ``StateCopier``."""
+    copier = StateCopier(conv=conv, rec=rec, pending=pending, layouts=layouts, run_rows=run_rows, memo=memo)
+    return copier(dst, src, length, recurrent=recurrent, out=out)
+
+
+class StateCopier:
+    """``copy_state_lanes`` bound to one set of pools (and running-copy counts and memo): what the launch needs of
+    them worked out once, and from each variant's second launch on the compiled kernel launched directly
+    (``ops.launch.Launcher``: the pools' pointers and strides are fixed, a buffer it zeroes or is given is on a
+    16-byte boundary): about 10 us of host time a launch of the ~30 it cost (``benchmarks/triton_launch_cost.py``)."""
+
+    def __init__(self, *, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
+                 layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None, run_rows: torch.Tensor | None = None,
+                 memo: StateMemo | None = None) -> None:
+        if layouts is None:
+            layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
+        conv_layout, rec_layout, pending_layout = layouts
+        if run_rows is not None and (run_rows.dtype != torch.int32 or not run_rows.is_contiguous()):
+            raise ValueError(f"run_rows must be contiguous int32; got {run_rows.dtype}, strides {run_rows.stride()}")
+        run_words = 0 if run_rows is None else run_rows[0].numel()
+        chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
+                  triton.cdiv(pending_layout.row_words, CHUNK)]
+        self.device = conv.device
+        self._pools = (conv_layout.words, rec_layout.words, pending_layout.words)
+        self._forgets = (run_rows, None if memo is None else memo.lengths)
+        self._layout = (conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
+                        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words,
+                        pending_layout.outer, *chunks)
+        self._programs = chunks[0] + chunks[1]  # a state's conv and rec; then its rows'
+        self._per_row = pending_layout.outer * chunks[2]
+        constexprs = {
+            "RUN_WORDS": run_words, "RUN_BLOCK": triton.next_power_of_2(max(run_words, 1)), "MEMO": memo is not None,
+            "MIX": _MIX, "LANE0": _LANE_OFFSETS[0], "LANE1": _LANE_OFFSETS[1], "CHUNK": CHUNK, "BLOCK": BLOCK}
+        self._constexprs = {recurrent: {**constexprs, "RECURRENT": recurrent} for recurrent in (False, True)}
+        self._launch = Launcher(_copy_kernel)
+
+    def __call__(self, dst: int, src: int, length: int, *, recurrent: bool = True,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """``copy_state_lanes(dst=, src=, length=, recurrent=, out=)`` on the bound pools."""
+        if dst == src:
+            raise ValueError(f"a copy needs two slots; got dst = src = {dst}")
+        if out is None:
+            parts = torch.zeros((2, 2), dtype=torch.int64, device=self.device)
+        elif out.shape != (2, 2) or out.dtype != torch.int64 or out.data_ptr() % 16:
+            raise ValueError(f"out must be int64 [2, 2] on a 16-byte boundary; got {out.dtype} {tuple(out.shape)} at "
+                             f"{out.data_ptr() % 16} bytes past one")
+        else:
+            parts = out
+        run_rows, memo_lengths = self._forgets
+        args = (*self._pools, dst, src, parts, parts if run_rows is None else run_rows,
+                parts if memo_lengths is None else memo_lengths, *self._layout)  # (unread if None)
+        grid = (self._programs + length % SNAPSHOT_ALIGN * self._per_row,)
+        self._launch(grid, recurrent, args, self._constexprs[recurrent])
+        return parts
