@@ -264,3 +264,24 @@ def test_bad_config_is_rejected_by_name(kwargs, message):
     device = SimDevice()
     with pytest.raises(ValueError, match=message):
         ResidentDecodeMetadata(device, device.stream("copy"), **kwargs)
+
+
+def test_a_staged_content_is_digested_once_for_every_buffer_it_is_uploaded_to(monkeypatch):
+    """Double buffering stages each new table into both buffers: the ledger's staged checksum of a content is
+    computed once (by content, not by buffer) and every readback row of it carries the same value, the digest of
+    those bytes; a new content is digested anew."""
+    from mini_engine.engine import metadata as module
+    from mini_engine.ops.checksum import slot_checksum
+
+    digested = []
+    monkeypatch.setattr(module, "slot_checksum", lambda t: digested.append(t.clone()) or slot_checksum(t))
+    events = []
+    meta = metadata(SimDevice(), instrumentation=Instrumentation(events.append))
+    for buffer, content in ((0, 1), (1, 1), (0, 2), (1, 2)):
+        meta.prepare(buffer, table(content))
+    readbacks = [e for e in events if e["type"] == "metadata_readback"]
+    shards = [t for c in (1, 2) for t in table(c).chunk(2, dim=1)]
+    assert len(readbacks) == 8 and [torch.equal(a, b) for a, b in zip(digested, shards)] == [True] * 4
+    assert len(digested) == 4
+    assert [e["staged_checksum"] for e in readbacks] == [slot_checksum(shards[i].contiguous())
+                                                        for i in (0, 1, 0, 1, 2, 3, 2, 3)]
