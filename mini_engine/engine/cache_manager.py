@@ -170,8 +170,10 @@ class CacheManager:
                                                                     into=into), label=f"restore:{source}->{live}")
         self.fences.after(self.stream, [live, source])
         if self.events.enabled:
-            self.events.emit("restore", rid=rid, src=source, dst=live, position=position,
-                             node=request.match_node.node_id, prefix=prefix_digest(request.extra_key, request.prompt[:position]))
+            with self.events.timing():  # (the prefix digest: the ledger's own host time)
+                self.events.emit("restore", rid=rid, src=source, dst=live, position=position,
+                                 node=request.match_node.node_id,
+                                 prefix=prefix_digest(request.extra_key, request.prompt[:position]))
 
     def _copy_reported(self, type_: str, dst: int, src: int, length: int, *, into: DigestRows | None = None,
                        **ids) -> None:
@@ -279,15 +281,16 @@ class CacheManager:
             self.pages.retain(page, TREE_PAGES)
         if slot is not None and not result.snapshot_stored:
             self._free_slot(slot, TREE_SLOTS)
-        if self.events.enabled:
+        if not self.events.enabled:
+            return
+        with self.events.timing():  # the row's prefix digest too; with refs a cold forward of the prefix
             prefix = prefix_digest(request.extra_key, tokens)
             self.events.emit("donate", rid=request.rid, slot=slot, position=len(tokens), node=result.node.node_id,
                              prefix=prefix, stored=result.snapshot_stored, policy=self.config.donate_policy)
             if self.reference_checksum is not None:
                 media = [m for p, m in zip(request.media_positions, request.media) if p < len(tokens)]
-                with self.events.timing():  # a cold forward of the prefix: the "+ refs" ledger's own work
-                    self.events.emit("reference_state", prefix=prefix, position=len(tokens),
-                                     checksum=self.reference_checksum(tokens, media))
+                self.events.emit("reference_state", prefix=prefix, position=len(tokens),
+                                 checksum=self.reference_checksum(tokens, media))
 
     def finish(self, request: Request) -> None:
         """Donate the final state (``transfer`` only: the live slot, zero-copy, when the computed length

@@ -160,14 +160,15 @@ class ResidentDecodeMetadata:
         self.readbacks += 1
         match = torch.equal(landed, staged)
         if self._instrumented():
-            staged_checksum = self._staged_checksums.get(key)
-            if staged_checksum is None:
-                if len(self._staged_checksums) >= _STAGED_CHECKSUMS:
-                    self._staged_checksums.clear()
-                staged_checksum = self._staged_checksums[key] = slot_checksum(staged)
-            readback_checksum = staged_checksum if match else slot_checksum(landed)  # equal bits: one digest
-            self._emit("metadata_readback", buffer=buffer, shard=shard, match=match,
-                       readback_checksum=readback_checksum, staged_checksum=staged_checksum)
+            with self.instrumentation.timing():  # the ledger's own host time, its digests included
+                staged_checksum = self._staged_checksums.get(key)
+                if staged_checksum is None:
+                    if len(self._staged_checksums) >= _STAGED_CHECKSUMS:
+                        self._staged_checksums.clear()
+                    staged_checksum = self._staged_checksums[key] = slot_checksum(staged)
+                readback_checksum = staged_checksum if match else slot_checksum(landed)  # equal bits: one digest
+                self._emit("metadata_readback", buffer=buffer, shard=shard, match=match,
+                           readback_checksum=readback_checksum, staged_checksum=staged_checksum)
         return match
 
     def _instrumented(self) -> bool:
