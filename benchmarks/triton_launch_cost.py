@@ -1,10 +1,12 @@
 """The host cost of launching the ledger's copy-and-digest kernel, each way it can be launched, side by side.
 
 The ledger on a GPU is host-bound work: hundreds of launches a run, each a Python call. This times, per launch,
-``copy_state_lanes`` as the engine calls it (a zeroed [2, 2] buffer, then Triton's ``kernel[grid]``), the same
-into rows already zeroed (``out=``: a batch's digest rows), Triton's ``kernel[grid]`` alone with the arguments
-ready, and the compiled kernel's own launcher (``compiled[grid](*args)``: what is left once the JIT's binding,
-specialisation and cache lookup are skipped), next to a few torch calls for scale. Each is N launches timed on the
+``copy_state_lanes`` (a ``StateCopier`` made for the call: its first launch goes through Triton's ``kernel[grid]``),
+the engine's ``StateCopier`` (the compiled kernel from its second launch on) with a zeroed buffer of its own and into
+rows already zeroed (``out=``: a batch's digest rows), Triton's ``kernel[grid]`` alone with the arguments ready, and
+the compiled kernel's own launcher (``compiled[grid](*args)``: what is left once the JIT's binding, specialisation
+and cache lookup are skipped), next to a few torch calls for scale. (Session 19 measured the first three rows before
+``StateCopier``: ``copy_state_lanes`` with its zeroed buffer 40.7 us, into given rows 29.7.) Each is N launches timed on the
 host (``perf_counter``), the device synchronised before and after; the tiny model's pools, so the device keeps up.
 Usage: ``python benchmarks/triton_launch_cost.py [--launches N] [--out FILE]``.
 """
@@ -67,13 +69,14 @@ def main() -> None:
     def event():
         torch.cuda.Event().record()
 
+    copier = state_triton.StateCopier(conv=conv, rec=rec, pending=pending, layouts=layouts, run_rows=states.run_rows,
+                                      memo=states.memo)
     variants = {
-        "copy_state_lanes (zeroed buffer + kernel[grid])": lambda: state_triton.copy_state_lanes(
-            conv=conv, rec=rec, pending=pending, dst=2, src=1, length=64, layouts=layouts, run_rows=states.run_rows,
-            memo=states.memo),
-        "copy_state_lanes(out=) (kernel[grid])": lambda: state_triton.copy_state_lanes(
+        "copy_state_lanes (a copier a call: kernel[grid])": lambda: state_triton.copy_state_lanes(
             conv=conv, rec=rec, pending=pending, dst=2, src=1, length=64, layouts=layouts, out=out,
             run_rows=states.run_rows, memo=states.memo),
+        "StateCopier (zeroed buffer, compiled kernel)": lambda: copier(2, 1, 64),
+        "StateCopier(out=) (compiled kernel)": lambda: copier(2, 1, 64, out=out),
         "kernel[grid](...) alone": lambda: kernel[grid](*positional, **constexprs),
         "compiled[grid](*args)": lambda: launcher(*ordered),
         "torch.zeros((2, 2)) on the GPU": lambda: torch.zeros((2, 2), dtype=torch.int64, device="cuda"),
@@ -91,7 +94,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, triton {triton.__version__}, torch {torch.__version__}: host time a call, "
           f"median of {args.repeats} rounds of {args.launches}")
     for row in rows:
-        print(f"  {row['variant']:<52}{row['us_per_launch']:>8.2f} us   [{min(row['runs']):.2f}, {max(row['runs']):.2f}]")
+        low, high = min(row["runs"]), max(row["runs"])
+        print(f"  {row['variant']:<52}{row['us_per_launch']:>8.2f} us   [{low:.2f}, {high:.2f}]")
     with open(args.out, "w") as handle:
         json.dump({"device": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows}, handle,
                   indent=2)

@@ -91,9 +91,9 @@ def _state_kernel(conv_ptr, rec_ptr, pending_ptr, slots_ptr, lengths_ptr, memo_l
 @triton.jit(do_not_specialize=["dst", "src"])  # one compile for every pair of slots
 def _copy_kernel(conv_ptr, rec_ptr, pending_ptr, dst, src, parts_ptr, run_rows_ptr, memo_lengths, conv_stride,
                  conv_words, rec_stride, rec_words, pending_stride, outer_stride, row_words, layers, conv_chunks,
-                 rec_chunks, row_chunks, RUN_WORDS: tl.constexpr, RUN_BLOCK: tl.constexpr, MEMO: tl.constexpr, RECURRENT: tl.constexpr,
-                 MIX: tl.constexpr, LANE0: tl.constexpr, LANE1: tl.constexpr, CHUNK: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 rec_chunks, row_chunks, RUN_WORDS: tl.constexpr, RUN_BLOCK: tl.constexpr, MEMO: tl.constexpr,
+                 RECURRENT: tl.constexpr, MIX: tl.constexpr, LANE0: tl.constexpr, LANE1: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Program b: chunk b (``_segment``) of the state; the grid stops at the state's last row. Digests src's words
     into parts[0], copies them to dst's (rec only if RECURRENT), then digests dst's words as they now are (read
     back after a barrier: what the copy left, not what it meant to write) into parts[1]. Program 0 also forgets
