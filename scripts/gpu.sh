@@ -15,6 +15,9 @@
 #   second     what priority leaves, in the next call: tests/gpu whole, benchmarks/state_digests.py --device cuda
 #              (a decode step's state digests at batch 32, tracked vs read back), the engine's defaults against
 #              cuBLAS (batch 1 and 32, the roofline; no transformers run: `--hf-dtype` with no dtype; `decode` has it)
+#   ab         the ledger's cost in this tree against each earlier tree under ab/ (scripts/ab_tree.sh REV exports one;
+#              the call carries ab/): engine_throughput.py's base and ledger modes, trees alternating in separate
+#              processes (two alternations of 6 rounds each), then ledger_host_time.py of each tree
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -66,15 +69,17 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | second | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | prefill | kernels)" >&2
        exit 2 ;;
 esac
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"  # (the ab part runs steps from other trees)
+root="$PWD"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 status=0
 
@@ -110,6 +115,29 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             --out "$out/state_digests_cuda.json"
         step 150 gpu_engine_default python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype --vocab 248320 --repeats 2 --out "$out/gpu_engine_default.json" ;;
+    ab)
+        trees=(. ab/*/)
+        [ -d "${trees[1]}" ] || { echo "gpu.sh ab: no tree under ab/ (scripts/ab_tree.sh REV, and carry ab)" >&2; exit 2; }
+        ab_step() {  # ab_step SECONDS TREE NAME SCRIPT ARGS...: a benchmark of TREE's, its own package on the path
+            local seconds=$1 tree=$2 name=$3
+            shift 3
+            cd "$tree" && export PYTHONPATH="$PWD"
+            step "$seconds" "$name" python3 "$@"
+            cd "$root" && export PYTHONPATH="$root"
+        }
+        for round in 1 2; do
+            for tree in "${trees[@]}"; do
+                name=$([ "$tree" = . ] && echo this || basename "$tree")
+                ab_step 100 "$tree" "ab_${name}_$round" benchmarks/engine_throughput.py --device cuda --shape 0.8b \
+                    --dtype bfloat16 --max-tokens 64 --repeats 6 --modes "copy, overlap" "copy, overlap, ledger" \
+                    --out "$out/ab_${name}_$round.json"
+            done
+        done
+        for tree in "${trees[@]}"; do
+            name=$([ "$tree" = . ] && echo this || basename "$tree")
+            ab_step 90 "$tree" "ab_host_$name" benchmarks/ledger_host_time.py --device cuda --shape 0.8b \
+                --dtype bfloat16 --max-tokens 64 --repeats 2 --out "$out/ab_host_$name.json"
+        done ;;
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;
