@@ -9,8 +9,33 @@ sys.modules.setdefault("fla", None)
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+
+def _row_invariant_interpreter_dot() -> None:
+    """The interpreter's ``tl.dot`` through ``np.einsum`` rather than ``np.matmul``. OpenBLAS's FMA kernels (its
+    Haswell and Zen cores: an AMD EPYC with AVX2, session 19) compute a tile's last rows in another order than its
+    others, so a row's bits followed its place in the tile: every batch-invariance test of a ``tl.dot`` kernel failed
+    there by the BLAS's doing (on its SSE and AVX cores, and on the AVX-512 machines before, they passed). A GPU's
+    dot gives each output element the same sum wherever its row sits; einsum sums each over k alike, as a GPU
+    does. Inputs are cast to the accumulator's dtype as ``np.matmul(dtype=)`` casts them (fp8 goes the
+    interpreter's own way)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    matmul_dot = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 and a.dtype.is_floating() or (
+                b.dtype.primitive_bitwidth == 8 and b.dtype.is_floating()):
+            return matmul_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        product = np.einsum("...ik,...kj->...ij", a.data, b.data, dtype=d.data.dtype)
+        return interpreter.TensorHandle(product + d.data, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter: set before any kernel is decorated
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    _row_invariant_interpreter_dot()
 
 from hypothesis import settings  # noqa: E402
 
