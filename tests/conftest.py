@@ -11,13 +11,13 @@ import torch  # noqa: E402
 
 
 def _row_invariant_interpreter_dot() -> None:
-    """The interpreter's ``tl.dot`` through ``np.einsum`` rather than ``np.matmul``. OpenBLAS's FMA kernels (its
-    Haswell and Zen cores: an AMD EPYC with AVX2, session 19) compute a tile's last rows in another order than its
-    others, so a row's bits followed its place in the tile: every batch-invariance test of a ``tl.dot`` kernel failed
-    there by the BLAS's doing (on its SSE and AVX cores, and on the AVX-512 machines before, they passed). A GPU's
-    dot gives each output element the same sum wherever its row sits; einsum sums each over k alike, as a GPU
-    does. Inputs are cast to the accumulator's dtype as ``np.matmul(dtype=)`` casts them (fp8 goes the
-    interpreter's own way)."""
+    """The interpreter's ``tl.dot`` through ``np.einsum`` rather than ``np.matmul``. With OpenBLAS's FMA cores
+    (Haswell, Zen: an AMD EPYC with AVX2, session 19) a row's product came out with other bits depending on where
+    it sat in the tile (its edge handling, by all appearances; not traced), and every batch-invariance test of a
+    ``tl.dot`` kernel failed there by the BLAS's doing (with ``OPENBLAS_CORETYPE`` Sandybridge, Prescott or
+    Nehalem they passed, as on the machines before). A GPU's dot gives each output element the same sum wherever
+    its row sits; einsum sums each over k alike. Inputs are cast to the accumulator's dtype as
+    ``np.matmul(dtype=)`` casts them (fp8 goes the interpreter's own way)."""
     import numpy as np
     from triton.runtime import interpreter
 
