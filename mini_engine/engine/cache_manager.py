@@ -165,7 +165,7 @@ class CacheManager:
         position, rid = request.cached_len, request.rid
         if self._restore_rec_off:
             self.events.emit("fault", name="restore_rec=off", site="restore", rid=rid, src=source, dst=live)
-        into = self.early_rows() if self.events.enabled else None
+        into = self.early_rows()
         self.device.launch(self.stream, lambda: self._copy_reported("restore_read", live, source, position, rid=rid,
                                                                     into=into), label=f"restore:{source}->{live}")
         self.fences.after(self.stream, [live, source])

@@ -31,6 +31,7 @@ import torch
 from mini_engine.device.base import Device, Event, Stream
 from mini_engine.instrument import Instrumentation
 from mini_engine.ops.checksum import slot_checksum
+from mini_engine.ops.checksum.memo import DigestCache
 
 __all__ = ["MetadataFenceError", "PrepareResult", "ResidentDecodeMetadata", "gather_shards"]
 
@@ -77,7 +78,7 @@ class ResidentDecodeMetadata:
         self.uploads = self.readbacks = self.retries = self.clean_skips = 0
         # the ledger's checksums of staged shards by content (the key): double buffering stages each new content
         # into every buffer in turn, and a repeat costs a dict lookup, not a digest
-        self._staged_checksums: dict[bytes, int] = {}
+        self._staged_checksums = DigestCache(_STAGED_CHECKSUMS)
         self.readback_seconds = 0.0  # host time blocked in the fence's readbacks (behind the copy stream's queue)
 
     def prepare(self, buffer: int, table: torch.Tensor) -> PrepareResult:
@@ -161,11 +162,7 @@ class ResidentDecodeMetadata:
         match = torch.equal(landed, staged)
         if self._instrumented():
             with self.instrumentation.timing():  # the ledger's own host time, its digests included
-                staged_checksum = self._staged_checksums.get(key)
-                if staged_checksum is None:
-                    if len(self._staged_checksums) >= _STAGED_CHECKSUMS:
-                        self._staged_checksums.clear()
-                    staged_checksum = self._staged_checksums[key] = slot_checksum(staged)
+                staged_checksum = self._staged_checksums.get(key, slot_checksum, staged)
                 readback_checksum = staged_checksum if match else slot_checksum(landed)  # equal bits: one digest
                 self._emit("metadata_readback", buffer=buffer, shard=shard, match=match,
                            readback_checksum=readback_checksum, staged_checksum=staged_checksum)
@@ -191,6 +188,7 @@ class ResidentDecodeMetadata:
 
 
 _STAGED_CHECKSUMS = 1024  # staged shard contents whose checksums the ledger remembers
+
 
 def _check_config(table_shape: tuple[int, int], n_buffers: int, n_shards: int, max_attempts: int) -> None:
     if len(table_shape) != 2 or min(table_shape) < 1:

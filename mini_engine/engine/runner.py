@@ -26,6 +26,7 @@ from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
 from mini_engine.ops.checksum import checksum_ints, row_checksums
 from mini_engine.ops.checksum.deferred import DeviceDigests, DigestRows, rows_lanes
+from mini_engine.ops.checksum.memo import DigestCache
 
 __all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
 
@@ -109,7 +110,8 @@ class ModelRunner:
         self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token, after=after)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0
-        self._staged_digests: dict[tuple[int, ...], int] = {}
+        # the checksums of staged page tables (a sequence's change once a page, not once a step)
+        self._staged_digests = DigestCache(_STAGED_DIGESTS)
         # the ledger's digests on CUDA land with the batches' results (``DigestRows``): the next batch's landing,
         # and the rows of the work queued before its forward (``early_rows``)
         self._digest_rows = device.torch_device.type == "cuda" and instrumentation.enabled
@@ -332,14 +334,8 @@ class ModelRunner:
                 self.events.emit("decode_metadata", **_metadata_read(batch, rid, read, self._staged_digest(it.pages)))
 
     def _staged_digest(self, pages: tuple[int, ...]) -> int:
-        """The checksum of a staged page table (a host computation, remembered: a sequence's pages change
-        once a page, not once a step)."""
-        digest = self._staged_digests.get(pages)
-        if digest is None:
-            if len(self._staged_digests) >= _STAGED_DIGESTS:
-                self._staged_digests.clear()
-            digest = self._staged_digests[pages] = checksum_ints(pages)
-        return digest
+        """The checksum of a staged page table (a host computation, kept: ``_staged_digests``)."""
+        return self._staged_digests.get(pages, checksum_ints, pages)
 
     def _gather(self, it: BatchItem, pages: list[int]) -> SequenceState:
         conv, rec, pending = self.states.read(it.live_slot, it.start)

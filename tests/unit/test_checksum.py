@@ -100,3 +100,23 @@ def test_row_checksums_are_each_rows_checksum():
                  torch.randn(1, 16, generator=gen)):
         assert row_checksums(rows) == [slot_checksum(row) for row in rows]
     assert row_checksums(torch.empty(0, 9)) == []
+
+
+def test_a_digest_cache_digests_a_key_once_and_forgets_all_when_full():
+    """``DigestCache``: a key's digest is computed once while kept; past ``limit`` keys every kept one is
+    forgotten (the next use of a key digests it again); a limit under one is refused."""
+    import pytest
+
+    from mini_engine.ops.checksum.memo import DigestCache
+
+    calls = []
+
+    def digest(values):
+        calls.append(values)
+        return sum(values)
+
+    cache = DigestCache(2)
+    assert [cache.get(k, digest, k) for k in [(1,), (2, 3), (1,), (2, 3)]] == [1, 5, 1, 5] and len(calls) == 2
+    assert cache.get((4,), digest, (4,)) == 4 and cache.get((1,), digest, (1,)) == 1 and len(calls) == 4
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        DigestCache(0)

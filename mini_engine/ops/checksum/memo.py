@@ -32,12 +32,15 @@ tensors on the device, inside a step's CUDA graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+from typing import Any
+
 import torch
 
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.ops.checksum.reference import join_lanes, word_lanes
 
-__all__ = ["StateMemo", "known_rows"]
+__all__ = ["DigestCache", "StateMemo", "known_rows"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -90,3 +93,25 @@ class StateMemo:
         self.host_hashed += 4 * (words[0].numel() + (words[1].numel() if known < 0 else 0) + rows.numel())
         conv_lanes = word_lanes(words[0])
         return join_lanes((conv_lanes[0] + tail[0], conv_lanes[1] + tail[1]))
+
+
+class DigestCache:
+    """Host digests kept by key, at most ``limit`` of them (then all forgotten at once: the keys in use come back at
+    their next use). The ledger digests the same host values again and again: a sequence's staged page table (it
+    changes once a page, not once a step), a staged metadata shard (double buffering stages it into each buffer)."""
+
+    __slots__ = ("_digests", "limit")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1; got {limit}")
+        self.limit, self._digests = limit, {}
+
+    def get(self, key: Hashable, digest: Callable[[Any], int], value: Any) -> int:
+        """The digest kept for ``key``, else ``digest(value)`` (the value ``key`` stands for), kept."""
+        known = self._digests.get(key)
+        if known is None:
+            if len(self._digests) >= self.limit:
+                self._digests.clear()
+            known = self._digests[key] = digest(value)
+        return known
