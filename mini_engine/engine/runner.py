@@ -7,6 +7,7 @@ donation still names the slot ids it was built with, exactly as a real engine's 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -110,6 +111,7 @@ class ModelRunner:
         self.graphs = (DecodeGraphs(self.decode_model, self.pools, states.next_token, after=after)
                        if cuda_graphs and decode_path == "triton" and device.torch_device.type == "cuda" else None)
         self._batches = 0
+        self.waited = 0.0  # seconds the host blocked in ``results`` (its device's shadow)
         # the checksums of staged page tables (a sequence's change once a page, not once a step)
         self._staged_digests = DigestCache(_STAGED_DIGESTS)
         # the ledger's digests on CUDA land with the batches' results (``DigestRows``): the next batch's landing,
@@ -122,8 +124,11 @@ class ModelRunner:
         """Block until ``batch`` has run and return (sampled token, logits check) per item (batches launched
         later may still be queued). The check is a 63-bit checksum of the exact logits the token was
         sampled from when the engine is instrumented, else 0: two runs that sampled from different
-        logits differ there even when the token came out the same."""
+        logits differ there even when the token came out the same. ``waited`` counts the host time blocked
+        here: where it is a small part of a run, the device waited for the host the rest of it."""
+        started = time.perf_counter()
         self.device.wait_host(batch.done)
+        self.waited += time.perf_counter() - started
         return [tuple(row) for row in batch.host_sampled.tolist()]
 
     def launch(self, items: list[BatchItem]) -> Batch:
