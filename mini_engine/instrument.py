@@ -27,7 +27,7 @@ the checksums themselves).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["Deferred", "Instrumentation", "Sink"]
@@ -100,9 +100,11 @@ class Instrumentation:
             else:
                 self.sink(row)
 
-    def emit_rows(self, count: int, values: Any, build: Callable[[Any], Iterable[tuple[str, dict[str, Any]]]]) -> None:
-        """``count`` rows made by ``build(values)``, (type, fields) pairs, once ``values`` has landed (a ``Deferred``,
-        or a host value: at once unless rows wait before them). They take the next ``count`` seqs now, in order."""
+    def emit_rows(self, count: int, values: Any, build: Callable[[Any, int, int], list[dict[str, Any]]]) -> None:
+        """``count`` rows made by ``build(values, step, seq)`` once ``values`` has landed (a ``Deferred``, or a host
+        value: at once unless rows wait before them). They take the next ``count`` seqs now, in order: ``build``
+        makes whole rows, each ``{"type": ..., "step": step, "seq": seq + i, **fields}`` for its i-th row (one dict
+        a row, not a row made of its fields: a decode step's rows are most of a ledger)."""
         if self.sink is None:
             return
         with self._timer:
@@ -173,12 +175,13 @@ class _Rows:
         self.values = value
 
     def rows(self) -> list[dict[str, Any]]:
-        seq, step = self.seq, self.step
-        rows = [{"type": type_, "step": step, "seq": seq + i, **fields}
-                for i, (type_, fields) in enumerate(self.build(self.values))]
-        if len(rows) != self.count:
-            raise RuntimeError(f"emit_rows promised {self.count} rows and made {len(rows)}: the seqs after them "
-                               "are taken")
+        seq, count = self.seq, self.count
+        rows = self.build(self.values, self.step, seq)
+        if len(rows) != count:
+            raise RuntimeError(f"emit_rows promised {count} rows and made {len(rows)}: the seqs after them are taken")
+        if count and (rows[0]["seq"], rows[-1]["seq"]) != (seq, seq + count - 1):
+            raise RuntimeError(f"emit_rows' rows are numbered {rows[0]['seq']}..{rows[-1]['seq']}; their seqs are "
+                               f"{seq}..{seq + count - 1}")
         return rows
 
 

@@ -30,7 +30,7 @@ import torch
 
 from mini_engine.device.base import Device, Event, Stream
 from mini_engine.instrument import Instrumentation
-from mini_engine.ops.checksum import slot_checksum
+from mini_engine.ops.checksum import checksum_bytes, slot_checksum
 from mini_engine.ops.checksum.memo import DigestCache
 
 __all__ = ["MetadataFenceError", "PrepareResult", "ResidentDecodeMetadata", "gather_shards"]
@@ -149,8 +149,10 @@ class ResidentDecodeMetadata:
         self.device.copy(self.copy_stream, self._resident[buffer][shard], self._staging[buffer][shard],
                          label=f"metadata_upload:b{buffer}s{shard}")
         self.uploads += 1
-        self._emit("metadata_upload", buffer=buffer, shard=shard, attempt=attempt,
-                   key_digest=hashlib.blake2b(key, digest_size=8).hexdigest())
+        if self._instrumented():
+            with self.instrumentation.timing():  # the ledger's own host time, its digest of the key included
+                self._emit("metadata_upload", buffer=buffer, shard=shard, attempt=attempt,
+                           key_digest=hashlib.blake2b(key, digest_size=8).hexdigest())
 
     def _readback_matches(self, buffer: int, shard: int, key: bytes) -> bool:
         staged = self._staging[buffer][shard]
@@ -162,7 +164,7 @@ class ResidentDecodeMetadata:
         match = torch.equal(landed, staged)
         if self._instrumented():
             with self.instrumentation.timing():  # the ledger's own host time, its digests included
-                staged_checksum = self._staged_checksums.get(key, slot_checksum, staged)
+                staged_checksum = self._staged_checksums.get(key, checksum_bytes, key)  # (the key: staged's bytes)
                 readback_checksum = staged_checksum if match else slot_checksum(landed)  # equal bits: one digest
                 self._emit("metadata_readback", buffer=buffer, shard=shard, match=match,
                            readback_checksum=readback_checksum, staged_checksum=staged_checksum)

@@ -307,10 +307,15 @@ class ModelRunner:
         n = len(items)
         known = [(it.request.rid, it.live_slot, it.start + 1, self._staged_digest(it.pages)) for it in items]
 
-        def rows(digests: list[int]):
+        def rows(digests: list[int], step: int, seq: int) -> list[dict]:
+            made = []  # the rows of _live_write and _metadata_read, written out: one dict a row
             for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
-                yield "slot_write", _live_write(batch, rid, slot, position, written)
-                yield "decode_metadata", _metadata_read(batch, rid, read, staged)
+                made.append({"type": "slot_write", "step": step, "seq": seq, "batch": batch, "rid": rid, "slot": slot,
+                             "role": "live", "position": position, "checksum": written})
+                made.append({"type": "decode_metadata", "step": step, "seq": seq + 1, "batch": batch, "rid": rid,
+                             "read_checksum": read, "staged_checksum": staged, "match": read == staged})
+                seq += 2
+            return made
 
         self.events.emit_rows(2 * n, digests, rows)
 

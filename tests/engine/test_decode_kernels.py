@@ -48,6 +48,24 @@ def test_triton_decode_gives_the_reference_tokens(runs, overlap):
     assert hits and len(writes) >= sum(map(len, got)), "every decode step is in the ledger"
 
 
+def test_a_decode_steps_rows_are_the_reference_decodes_rows(runs, tiny_model):
+    """The triton decode's ledger rows (a step's made together, ``ModelRunner._report_step``) are the reference
+    decode's (one ``emit`` a row, ``_report_writes``): the same rows in the same order, field for field in the same
+    order, with the same values but the checksums (the two decodes' bits differ) and the seqs (the reference's
+    snapshot rows come between its step's rows)."""
+    rows = []
+    assert _conversation(EngineConfig(max_context=512), tiny_model, rows) == runs[False][0]
+
+    def decode_rows(ledger):
+        return [{k: v if "checksum" not in k and k != "seq" else None for k, v in r.items()}
+                for r in ledger if r["type"] in ("slot_write", "decode_metadata")]
+
+    reference, triton = decode_rows(rows), decode_rows(runs[False][2])
+    assert [list(r) for r in triton] == [list(r) for r in reference]
+    assert triton == reference and sum(r["type"] == "decode_metadata" for r in reference) >= len(runs[False][0][0])
+    assert all(r["match"] for r in triton if r["type"] == "decode_metadata")
+
+
 def test_the_tracked_step_digests_are_the_read_back_ones(runs, tiny_model):
     """The ledger's digests of the slots the steps wrote, through the memo (the default), are the digests of
     the slots' whole bytes read back at every step (state_digests="readback"): across the chunk the first

@@ -89,6 +89,19 @@ def test_checksum_ints_is_the_digest_of_the_int32_tensor():
             checksum_ints([0, bad, 0])
 
 
+def test_checksum_bytes_is_the_digest_of_the_tensor_with_those_bytes():
+    """The digest of a buffer's bytes (a staged metadata shard's key) is ``slot_checksum`` of a tensor holding them:
+    int32 tables, an odd count of bytes (zero-padded to a whole word), none."""
+    from mini_engine.ops.checksum import checksum_bytes
+
+    table = torch.randint(-(1 << 31), (1 << 31) - 1, (16, 24), dtype=torch.int32)
+    assert checksum_bytes(table.numpy().tobytes()) == slot_checksum(table)
+    assert checksum_bytes(table[:, :3].contiguous().numpy().tobytes()) == slot_checksum(table[:, :3])
+    odd = torch.tensor([1, 2, 255, 7, 9], dtype=torch.uint8)
+    assert checksum_bytes(bytes([1, 2, 255, 7, 9])) == slot_checksum(odd) != checksum_bytes(bytes([1, 2, 255, 7]))
+    assert checksum_bytes(b"") == slot_checksum(torch.zeros(0, dtype=torch.int32))
+
+
 def test_row_checksums_are_each_rows_checksum():
     """One pass over a batch's rows gives each row's ``slot_checksum``: float32 logits, bfloat16 rows of an odd
     number of 16-bit values (the last word zero-padded), int32 rows of more dimensions, one row, none."""

@@ -172,9 +172,10 @@ def test_a_steps_rows_take_their_seqs_when_emitted_and_are_made_once_their_value
     made = []
     digests = Landing([7, 8])
 
-    def build(values):
+    def build(values, step, seq):
         made.append(values)
-        return [("slot_write", {"slot": 1, "checksum": values[0]}), ("decode_metadata", {"read_checksum": values[1]})]
+        return [{"type": "slot_write", "step": step, "seq": seq, "slot": 1, "checksum": values[0]},
+                {"type": "decode_metadata", "step": step, "seq": seq + 1, "read_checksum": values[1]}]
 
     events.emit("host", n=1)
     events.emit_rows(2, digests, build)
@@ -191,22 +192,25 @@ def test_a_steps_rows_take_their_seqs_when_emitted_and_are_made_once_their_value
 
 def test_rows_of_host_values_go_at_once_unless_rows_wait_before_them(rows):
     events = Instrumentation(rows.append)
-    events.emit_rows(1, [5], lambda v: [("slot_write", {"checksum": v[0]})])
+    events.emit_rows(1, [5], lambda v, step, seq: [{"type": "slot_write", "step": step, "seq": seq, "checksum": v[0]}])
     assert [(r["seq"], r["checksum"]) for r in rows] == [(1, 5)]
     events.emit("restore_read", checksum=Landing(6))
-    events.emit_rows(1, [7], lambda v: [("slot_write", {"checksum": v[0]})])
+    events.emit_rows(1, [7], lambda v, step, seq: [{"type": "slot_write", "step": step, "seq": seq, "checksum": v[0]}])
     assert len(rows) == 1 and events.pending == 2
     events.flush(wait=True)
     assert [(r["seq"], r["checksum"]) for r in rows] == [(1, 5), (2, 6), (3, 7)]
 
 
 def test_a_step_must_make_the_rows_it_promised(rows):
-    """Its seqs were taken when it was emitted: making more or fewer rows would break the numbering."""
+    """Its seqs were taken when it was emitted: making more or fewer rows, or numbering them otherwise, would break
+    the numbering."""
     events = Instrumentation(rows.append)
     with pytest.raises(RuntimeError, match="promised 2 rows and made 1"):
-        events.emit_rows(2, [5], lambda v: [("slot_write", {"checksum": v[0]})])
+        events.emit_rows(2, [5], lambda v, step, seq: [{"type": "slot_write", "step": step, "seq": seq}])
+    with pytest.raises(RuntimeError, match=r"numbered 2..3; their seqs are 3..4"):
+        events.emit_rows(2, [5], lambda v, step, seq: [{"type": "a", "seq": seq - 1}, {"type": "b", "seq": seq}])
     unused = []
-    Instrumentation().emit_rows(2, [5], lambda v: unused.append(v) or [])
+    Instrumentation().emit_rows(2, [5], lambda *v: unused.append(v) or [])
     assert unused == [], "without a sink nothing is made"
 
 
