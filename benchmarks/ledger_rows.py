@@ -69,12 +69,15 @@ def together(events: Instrumentation, lanes: torch.Tensor, known: list, event) -
     """The step's rows as one entry (the runner's ``_report_step``)."""
     n = len(known)
 
-    def rows(digests):
+    def rows(digests, step, seq):
+        made = []
         for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
-            yield "slot_write", {"batch": 1, "rid": rid, "slot": slot, "role": "live", "position": position,
-                                 "checksum": written}
-            yield "decode_metadata", {"batch": 1, "rid": rid, "read_checksum": read, "staged_checksum": staged,
-                                      "match": read == staged}
+            made.append({"type": "slot_write", "step": step, "seq": seq, "batch": 1, "rid": rid, "slot": slot,
+                         "role": "live", "position": position, "checksum": written})
+            made.append({"type": "decode_metadata", "step": step, "seq": seq + 1, "batch": 1, "rid": rid,
+                         "read_checksum": read, "staged_checksum": staged, "match": read == staged})
+            seq += 2
+        return made
 
     events.emit_rows(2 * n, DeviceDigests(lanes, event), rows)
 
