@@ -51,6 +51,7 @@ TIMED = [
     ("mini_engine.ops.checksum.state_triton", "StateCopier.__call__"),
     ("mini_engine.ops.checksum.reference", "checksum_ints"),
     ("mini_engine.ops.checksum.reference", "slot_checksum"),
+    ("mini_engine.ops.checksum.reference", "checksum_bytes"),
 ]
 
 
