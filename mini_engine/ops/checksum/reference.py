@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["checksum_bytes", "checksum_ints", "checksum_words", "join_lane_rows", "join_lanes", "row_checksums", "slot_checksum",
-           "word_lanes"]
+__all__ = ["checksum_bytes", "checksum_ints", "checksum_words", "join_lane_rows", "join_lanes", "row_checksums",
+           "slot_checksum", "word_lanes"]
 
 _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B
@@ -55,8 +55,12 @@ def word_lanes(words: torch.Tensor, first: int = 0) -> tuple[int, int]:
     hash32((word + index * lane offset) mod 2^32), where hash32 twice sets x = (x ^ x >> 16) * MIX, then gives
     x ^ x >> 16. Lanes of consecutive segments add up (mod 2^32) to the lanes of their concatenation."""
     array = words.detach().cpu().numpy()
-    array = array.astype(np.uint32) if array.dtype == np.int64 else array.view(np.uint32)
-    x = _lane_steps(array.size) + array  # [2, n]: both lanes in one pass, wrapping
+    return _array_lanes(array.astype(np.uint32) if array.dtype == np.int64 else array.view(np.uint32), first)
+
+
+def _array_lanes(words: np.ndarray, first: int = 0) -> tuple[int, int]:
+    """``word_lanes`` of a 1-D uint32 array."""
+    x = _lane_steps(words.size) + words  # [2, n]: both lanes in one pass, wrapping
     if first:  # (index + first) * offset = index * offset + first * offset, mod 2^32
         x += np.array([[(first * offset) & _MASK32] for offset in _LANE_OFFSETS], dtype=np.uint32)
     high, low = _hashed_sums(x).tolist()
@@ -106,8 +110,7 @@ def checksum_bytes(data: bytes) -> int:
     """``slot_checksum`` of a tensor whose bytes are ``data``, read straight from the buffer (no tensor: a third
     of the host time for a staged metadata shard, whose bytes the fence keeps as its key)."""
     pad = (-len(data)) % 4
-    words = np.frombuffer(data + bytes(pad) if pad else data, dtype=np.uint32)
-    return join_lanes(_hashed_sums(_lane_steps(words.size) + words).tolist())
+    return join_lanes(_array_lanes(np.frombuffer(data + bytes(pad) if pad else data, dtype=np.uint32)))
 
 
 def checksum_ints(values: Sequence[int]) -> int:
