@@ -401,3 +401,26 @@ def test_a_model_with_more_ids_than_the_tokenizer_serves_text():
     past = [t for t in result.output_ids if t >= engine.tokenizer.vocab_size]
     assert past and all(t < 4096 for t in result.output_ids)
     assert result.text.count("\ufffd") >= len(past)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_runner_counts_the_host_time_blocked_on_a_batchs_results(tiny_model, monkeypatch, overlap):
+    """``ModelRunner.waited`` (what ``engine_throughput.py`` reports as the device's shadow): the host time inside
+    ``results``' wait for its batch. With a clock that moves only while the host waits on the device, a second a
+    wait, the runner counts one second a batch: the prefill's and each decode step's."""
+    import time
+
+    engine = Engine(EngineConfig(overlap=overlap), model=tiny_model)
+    clock, waits = [0.0], []
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    wait_host, results = engine.device.wait_host, engine.runner.results
+
+    def wait(event):
+        clock[0] += 1.0
+        return wait_host(event)
+
+    engine.device.wait_host = wait
+    engine.runner.results = lambda batch: waits.append(batch.index) or results(batch)
+    engine.submit(tokens(random.Random(4), 70), SamplingParams(max_tokens=5))
+    drive(engine)
+    assert len(waits) == 5 and engine.runner.waited == 5.0
