@@ -17,7 +17,8 @@
 #              cuBLAS (batch 1 and 32, the roofline; no transformers run: `--hf-dtype` with no dtype; `decode` has it)
 #   ab         the ledger's cost in this tree against each earlier tree under ab/ (scripts/ab_tree.sh REV exports one;
 #              the call carries ab/): engine_throughput.py's base and ledger modes, trees alternating in separate
-#              processes (two alternations of 6 rounds each), then ledger_host_time.py of each tree
+#              processes (two alternations of 6 rounds each), then ledger_host_time.py of each tree; their logs and
+#              JSON in OUT_DIR/ab.tgz (a device call brings back 8 files at most)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -137,7 +138,9 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             name=$([ "$tree" = . ] && echo this || basename "$tree")
             ab_step 90 "$tree" "ab_host_$name" benchmarks/ledger_host_time.py --device cuda --shape 0.8b \
                 --dtype bfloat16 --max-tokens 64 --repeats 2 --out "$out/ab_host_$name.json"
-        done ;;
+        done
+        # a log and a JSON a step, 10 or more: the device tool brings back 8 files at most, so one archive of them
+        (cd "$out" && tar czf ab.tgz ab_*.log ab_*.json && rm -f ab_*.log ab_*.json) ;;
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;
