@@ -56,10 +56,11 @@ TIMED = [
 
 
 @contextmanager
-def timed(targets: list[tuple[str, str]]) -> Iterator[dict[str, list]]:
-    """Wrap each (module, qualified name) in a timer for the block: yields name -> [calls, seconds]. A module-level
-    function is replaced wherever a loaded ``mini_engine`` module holds it (its importers' names too)."""
-    totals: dict[str, list] = {}
+def timed(targets: list[tuple[str, str]], totals: dict[str, list] | None = None) -> Iterator[dict[str, list]]:
+    """Wrap each (module, qualified name) in a timer for the block: yields name -> [calls, seconds] (``totals``, when
+    given, filled). A module-level function is replaced wherever a loaded ``mini_engine`` module holds it (its
+    importers' names too)."""
+    totals = {} if totals is None else totals
     undo = []
     for module_name, qualname in targets:
         module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
@@ -80,14 +81,6 @@ def timed(targets: list[tuple[str, str]]) -> Iterator[dict[str, list]]:
     finally:
         for place, name, original in reversed(undo):
             setattr(place, name, original)
-
-
-@contextmanager
-def _into(totals: dict, timers) -> Iterator[None]:
-    """Enter ``timers`` (``timed``) and leave its totals in ``totals``."""
-    with timers as timed_totals:
-        yield
-    totals.update(timed_totals)
 
 
 def _timer(function, entry: list):
@@ -130,7 +123,7 @@ def main() -> None:
         plain.append(run(model, MODES[args.mode], **settings)["seconds"])  # the ledger without timers
         totals = {}
         result = run(model, MODES[args.mode], **settings,
-                     around=lambda totals=totals: _into(totals, timed(TIMED)))  # around the timed serve alone
+                     around=lambda totals=totals: timed(TIMED, totals))  # around the timed serve alone
         runs.append((result, totals))
     result, totals = sorted(runs, key=lambda r: r[0]["seconds"])[len(runs) // 2]
     host = result["safeguard_work"]["ledger_host_seconds"]
