@@ -14,7 +14,8 @@ per shape (and summed over a step, times the layers that have it):
   configurations; ``swapped``: its swapped tile (weight @ x.T), the weight loaded by address; ``tma``: the
   swapped tile with the weight through a tensor descriptor (Hopper's TMA); ``tma+pdl``: the same launched as
   programmatic dependent launches (each gemm's launch overlaps the one before; in a graph a kernel's own fixed
-  cost was about 3 us on an H100, session 12). The swapped splits run also with their parts added by each
+  cost was about 3 us on an H100, session 12); ``tma+pdl+pf``: those asking the L2 for their weight rows before
+  their wait (``GemmConfig.prefetch``: the next gemm's bytes start coming while the one before still runs). The swapped splits run also with their parts added by each
   tile's last program in the same launch (``fused_sum``; "k/4+" in the table), not by a second launch, which
   costs a kernel's fixed cost. Which configuration won is printed.
 
@@ -46,7 +47,7 @@ from mini_engine.ops.decode_rows import gemm as gemm_ops
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s, the H200's device copy (issue 9)
 DEVICE = "cuda"
-TRITON_FAMILIES = ("triton", "swapped", "tma", "tma+pdl")
+TRITON_FAMILIES = ("triton", "swapped", "tma", "tma+pdl", "tma+pdl+pf")
 CANDIDATES = ("cublas-64", "cublas-16", "cublas-1", *TRITON_FAMILIES)
 SHARED_BYTES = 232_448  # the H200's shared memory per block: a TMA pipeline's stages must fit
 
@@ -88,7 +89,9 @@ def wide_configs(n_out: int, n_in: int) -> list[gemm_ops.GemmConfig]:
 
 
 def family(config: gemm_ops.GemmConfig) -> str:
-    return "tma+pdl" if config.pdl else "tma" if config.tma else "swapped" if config.swap else "triton"
+    if config.pdl:
+        return "tma+pdl+pf" if config.prefetch else "tma+pdl"
+    return "tma" if config.tma else "swapped" if config.swap else "triton"
 
 
 def measure(shape: tuple[int, int], wide: bool = False) -> dict:

@@ -19,6 +19,12 @@
 #              the call carries ab/): engine_throughput.py's base and ledger modes, trees alternating in separate
 #              processes (two alternations of 6 rounds each), then ledger_host_time.py of each tree; their logs and
 #              JSON in OUT_DIR/ab.tgz (a device call brings back 8 files at most)
+#   prefetch   the decode gemms that ask the L2 for their weight rows before their dependent launch's wait
+#              (GemmConfig.prefetch): their GPU test (a twin's bits), benchmarks/decode_gemms.py on Qwen3.5's
+#              vocabulary (per shape and the step's 97 gemms in one graph, with and without), the engine's defaults
+#              (the package's table) against "auto" with dependent launches (each weight's fastest of the candidates,
+#              prefetching ones included, timed at start) at batch 1 and 32, then this GPU's bfloat16 choices tuned
+#              again for the 0.8B model into OUT_DIR/tuned_gemms.json
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -70,11 +76,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|prefetch|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|ab|prefetch|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | prefetch | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -141,6 +147,15 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         done
         # a log and a JSON a step, 10 or more: the device tool brings back 8 files at most, so one archive of them
         (cd "$out" && tar czf ab.tgz ab_*.log ab_*.json && rm -f ab_*.log ab_*.json) ;;
+    prefetch)
+        step 120 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
+            -k "every_gemm_configuration or graph_replays"
+        step 200 decode_gemms python3 benchmarks/decode_gemms.py --vocab 248320 --out "$out/decode_gemms_prefetch.json"
+        step 200 gpu_engine python3 benchmarks/gpu_engine.py --variants graphs-bf16-default graphs-bf16-auto-pdl \
+            --hf-dtype --vocab 248320 --repeats 3 --out "$out/gpu_engine_prefetch.json"
+        cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
+        step 150 tune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
+            --out "$out/tuned_gemms.json" ;;
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;

@@ -129,7 +129,8 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     """Each candidate ``gemm.choose`` may pick (the swapped tile by address and by TMA descriptor included), the
     swapped splits with their parts added in the same launch (``fused_sum``: the two-launch split's bits, on real
     concurrent programs), and the TMA tiles as programmatic dependent launches, at the 0.8B model's shapes in
-    bfloat16: within bf16 rounding of the float32 product, rows past the batch zero, and a row's bits the same
+    bfloat16 (those asking the L2 for their weight rows before their wait too: their twins' bits): within bf16
+    rounding of the float32 product, rows past the batch zero, and a row's bits the same
     alone as in a batch of 20 (two live 16-row tiles); a swapped tile reading an MLP's gate | up rows
     (``silu_mul=True``) gives the bits of the activation's kernel then the gemm."""
     import torch
@@ -153,3 +154,5 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
         if config.fused_sum:
             two_launches = gemm.linear(x, weight, rows=20, config=config._replace(fused_sum=False, pdl=False))
             assert torch.equal(got, two_launches), config
+        if config.prefetch:  # asking the L2 for the weight first changes no bit
+            assert torch.equal(got, gemm.linear(x, weight, rows=20, config=config._replace(prefetch=False))), config

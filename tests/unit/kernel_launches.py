@@ -181,6 +181,13 @@ def _exercise() -> None:
                rows=torch.tensor([7]))
 
 
+def _before(ptx: str, first: str, then: str) -> int:
+    """-1 if ``ptx`` has no ``first``, else 1 if its first ``first`` comes before its first ``then`` (or there is none),
+    else 0."""
+    at, then_at = ptx.find(first), ptx.find(then)
+    return -1 if at < 0 else int(then_at < 0 or at < then_at)
+
+
 def compile_all(path: str) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -201,7 +208,10 @@ def compile_all(path: str) -> None:
                                       target=GPUTarget(*TARGET), options=entry["options"])
             results.append({**what, "shared": compiled.metadata.shared, **_registers(compiled.asm["ptx"]),
                             # a dependent launch's wait for the kernel before it (``ops.pdl.begin``)
-                            "waits": "griddepcontrol.wait" in compiled.asm["ptx"]})
+                            "waits": "griddepcontrol.wait" in compiled.asm["ptx"],
+                            # where it asks the L2 for its weights (``GemmConfig.prefetch``): -1 none, else whether
+                            # before that wait
+                            "prefetches": _before(compiled.asm["ptx"], "cp.async.bulk.prefetch", "griddepcontrol.wait")})
         except Exception as error:  # the compiler's own message is the finding
             results.append({**what, "error": f"{type(error).__name__}: {error}"[:2000]})
     json.dump(results, sys.stdout)

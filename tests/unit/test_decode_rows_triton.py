@@ -169,8 +169,12 @@ def test_every_gemm_configuration_computes_the_product():
     alone[0] = x[1]
     # a programmatic dependent launch is its plain twin's kernel after a wait the interpreter has not got (the GPU
     # runs it: tests/gpu/test_decode_step_cuda.py; kernel_launches compiles it)
-    assert {c._replace(pdl=False) for c in candidates if c.pdl} == {c for c in candidates if c.tma and not c.pdl}
-    for config in dict.fromkeys(c._replace(pdl=False) for c in candidates):
+    # (and one that asks the L2 for its weight rows before that wait: the GPU's compiler only)
+    assert {c._replace(pdl=False, prefetch=False) for c in candidates if c.pdl} == \
+        {c for c in candidates if c.tma and not c.pdl}
+    assert {c._replace(prefetch=False) for c in candidates if c.prefetch} == {c for c in candidates if c.pdl} - \
+        {c for c in candidates if c.prefetch}
+    for config in dict.fromkeys(c._replace(pdl=False, prefetch=False) for c in candidates):
         got = gemm.linear(x, weight, rows=2, config=config)
         _close(got[:2], want)
         assert not got[2:].any(), config
@@ -181,6 +185,8 @@ def test_every_gemm_configuration_computes_the_product():
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, tma=True))
     with pytest.raises(ValueError, match="pdl=True .* needs swap=True"):
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, pdl=True))
+    with pytest.raises(ValueError, match="prefetch=True .* needs pdl=True"):
+        gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(64, 64, swap=True, tma=True, prefetch=True))
 
 
 def test_a_fused_sum_gives_the_two_launch_splits_bits():

@@ -48,3 +48,7 @@ def test_every_kernel_compiles_for_the_h200(tmp_path):
     assert all(r["waits"] == bool(r["constexprs"].get("PDL")) for r in results), \
         [(r["kernel"], r["constexprs"].get("PDL")) for r in results if r["waits"] != bool(r["constexprs"].get("PDL"))]
     assert {(r["module"], r["kernel"]) for r in dependent} == _kernels_defined(with_parameter="PDL")
+    # a dependent gemm that asks the L2 for its weight rows (GemmConfig.prefetch) does so before its wait, and only it
+    early = [r for r in results if r["constexprs"].get("PREFETCH") and r["constexprs"].get("PDL")]
+    assert early and all(r["prefetches"] == 1 for r in early), [(r["constexprs"], r["prefetches"]) for r in early]
+    assert all(r["prefetches"] == -1 for r in results if r not in early)

@@ -12,7 +12,9 @@ loaded by address or (``tma``) by a tensor descriptor, as decode kernels for sma
 graph each kernel costs about 3 us of its own on an H100, whatever it streams (session 12); the TMA tile as a
 programmatic dependent launch (``pdl``: ``ops.pdl``) overlaps that with the kernel before it (the step's 97
 gemms in one graph 652 us against 709, H100, session 13), and ``DecodeModel(pdl=True)`` launches every Triton
-gemm of the step so. A split whose parts the tile's last program adds in the same launch (``fused_sum``) is
+gemm of the step so. Such a launch may also ask the L2 for its weight rows before its wait (``prefetch``): the
+weights are the step's constants, so the bytes it streams start coming while the kernel before still runs, where
+the wait alone overlaps only the launch. A split whose parts the tile's last program adds in the same launch (``fused_sum``) is
 not offered: it won one shape of six, by address, where the whole-K TMA tile was faster still.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
@@ -49,6 +51,7 @@ class GemmConfig(NamedTuple):
     tma: bool = False  # with ``swap``: the weight tiles come through a tensor descriptor (Hopper's TMA engine)
     pdl: bool = False  # with ``swap``: always a programmatic dependent launch (``ops.pdl``), in a step or not
     fused_sum: bool = False  # with ``swap`` and split_k > 1: the parts added by the tile's last program, one launch
+    prefetch: bool = False  # with ``pdl``: each program asks the L2 for its weight rows before its wait (``_prefetch``)
 
 
 @triton.jit
@@ -84,10 +87,22 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
     tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[None, :])
 
 
+@triton.jit
+def _prefetch(weight, cols, N, k0, K_PART, w_stride):
+    """Ask the L2 for this program's weight rows ``cols`` (those past N read as the last), columns k0..k0 + K_PART:
+    one bulk prefetch a row (sm_90 on). It neither waits nor writes: the loads after it find the rows in the L2, or
+    on their way there."""
+    start = weight + tl.minimum(cols, N - 1).to(tl.int64) * w_stride + k0
+    size = tl.full(cols.shape, 0, tl.int32) + K_PART * weight.dtype.element_ty.primitive_bitwidth // 8
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+                              [start, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["n_live"])
-def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final, counters,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PDL: tl.constexpr = False):
+def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final,
+                    counters, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
+                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PREFETCH: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
     is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
@@ -99,11 +114,20 @@ def _swapped_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride
     With FUSED_SUM (K in SPLIT parts), ``out`` is the parts buffer and the tile's parts are added in one launch:
     each program stores its part, then counts itself in on the tile's counter (``counters``, zero at rest); the
     program that counts last adds the SPLIT parts in order 0, 1, ... (``_sum_parts_kernel``'s order, so the same
-    bits) into ``final`` and sets the counter back to zero for the next launch."""
-    pdl.begin(PDL)
+    bits) into ``final`` and sets the counter back to zero for the next launch.
+
+    With PREFETCH (a dependent launch) the program first asks the L2 for its weight rows (``weight``: the weight's
+    own pointer, whether or not ``w`` is its descriptor), then waits: the weights are constants of the step, which no
+    kernel before writes, so reading them early keeps the stream's order, and their first bytes come from memory
+    while the kernel before still runs. Everything else is read after the wait, as without it."""
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
+    live = tile_m * BLOCK_M < n_live  # a tile past the batch holds padding rows alone: zeros, no weight read
+    if PREFETCH and PDL:
+        if live:
+            _prefetch(weight, cols, N, part * K_PART, K_PART, w_stride)
+    pdl.begin(PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if tile_m * BLOCK_M < n_live:  # a tile past the batch holds padding rows alone: zeros, no weight read
+    if live:
         k0 = part * K_PART
         kk = k0.to(tl.int64) + tl.arange(0, BLOCK_K)
         x_tile = x + rows.to(tl.int64)[None, :] * x_stride + kk[:, None]
@@ -151,8 +175,8 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     """Candidate configurations for a weight [n_out, n_in] (the first is the default): column blocks of 16,
     32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
     2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
-    swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch), over all of K and
-    (narrow outputs) in 4 parts. (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on
+    swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch, and one that asks the
+    L2 for its weight rows before its wait), over all of K and (narrow outputs) in 4 parts. (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on
     an H100: session 12.)"""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
@@ -165,8 +189,9 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     swapped = [(1, block_ks[0])]
     if n_out <= 2048:
         swapped += [(4, k) for k in (128, 64) if n_in % (4 * k) == 0][:1]
-    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=dependent) for split, k in swapped
-            for tma, dependent in ((False, False), (True, False), (True, True))]
+    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=dependent, prefetch=early) for split, k in swapped
+            for tma, dependent, early in ((False, False, False), (True, False, False), (True, True, False),
+                                          (True, True, True))]
     return out
 
 
@@ -196,6 +221,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         raise ValueError(f"pdl=True is the swapped kernel's programmatic dependent launch: it needs swap=True and a "
                          f"triton with triton.language.extra.cuda.gdc_wait (3.4 on); got {config}, triton "
                          f"{triton.__version__}")
+    if config.prefetch and not config.pdl:
+        raise ValueError(f"prefetch=True asks the L2 for the weight before a dependent launch's wait: it needs "
+                         f"pdl=True; got {config}")
     out = x.new_empty(padded, n_out)
     if not padded:
         return out
@@ -215,8 +243,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         # a dependent launch by its configuration or inside the decode step's ``pdl.launches(True)``
         dependent = pdl.options(always=config.pdl)
         counters = _counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
-        _swapped_kernel[grid](x, w, parts, rows, *shared, out, counters, TMA=config.tma, SPLIT=split,
-                              FUSED_SUM=config.fused_sum, **blocks, **dependent)
+        _swapped_kernel[grid](x, w, weight, parts, rows, *shared, out, counters, TMA=config.tma, SPLIT=split,
+                              FUSED_SUM=config.fused_sum, PREFETCH=config.prefetch, **blocks, **dependent)
     else:
         _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks, **pdl.options())
     if split > 1 and not config.fused_sum:
