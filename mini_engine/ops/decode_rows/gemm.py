@@ -122,7 +122,7 @@ def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, ou
     while the kernel before still runs. Everything else is read after the wait, as without it."""
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     live = tile_m * BLOCK_M < n_live  # a tile past the batch holds padding rows alone: zeros, no weight read
-    if PREFETCH and PDL:
+    if PREFETCH and PDL:  # noqa: SIM102 (a constexpr: compiled out, apart from the live check at run time)
         if live:
             _prefetch(weight, cols, N, part * K_PART, K_PART, w_stride)
     pdl.begin(PDL)
