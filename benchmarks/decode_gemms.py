@@ -111,6 +111,8 @@ def measure(shape: tuple[int, int], wide: bool = False) -> dict:
              "cublas-1": in_graph(lambda w: padded[:1] @ w.T)}
     configs = {}
     candidates = wide_configs(n_out, n_in) if wide else gemm_ops.configs(n_out, n_in)  # TMA tiles with PDL included
+    if wide:  # every TMA tile of the wider grid also as a dependent launch, and one that prefetches its weight rows
+        candidates += [c._replace(pdl=True, prefetch=early) for c in candidates if c.tma for early in (False, True)]
     candidates += [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1]
     for config in dict.fromkeys(candidates):
         try:
