@@ -20,11 +20,11 @@
 #              processes (two alternations of 6 rounds each), then ledger_host_time.py of each tree; their logs and
 #              JSON in OUT_DIR/ab.tgz (a device call brings back 8 files at most)
 #   prefetch   the decode gemms that ask the L2 for their weight rows before their dependent launch's wait
-#              (GemmConfig.prefetch): their GPU test (a twin's bits), benchmarks/decode_gemms.py on Qwen3.5's
-#              vocabulary (per shape and the step's 97 gemms in one graph, with and without), the engine's defaults
-#              (the package's table) against "auto" with dependent launches (each weight's fastest of the candidates,
-#              prefetching ones included, timed at start) at batch 1 and 32, then this GPU's bfloat16 choices tuned
-#              again for the 0.8B model into OUT_DIR/tuned_gemms.json
+#              (GemmConfig.prefetch): the decode step's GPU tests (their twins' bits among them); on a GPU whose table
+#              has no prefetching choice yet, its bfloat16 choices for the 0.8B model tuned again (into this tree's
+#              table, copied to OUT_DIR/tuned_gemms.json); the engine's defaults on Qwen3.5's vocabulary in this tree
+#              against each tree under ab/ (scripts/ab_tree.sh REV; carry ab), alternating, two rounds (OUT_DIR/
+#              engine_ab.tgz); then benchmarks/decode_gemms.py (per shape and the step's 97 gemms in one graph)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -148,14 +148,26 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         # a log and a JSON a step, 10 or more: the device tool brings back 8 files at most, so one archive of them
         (cd "$out" && tar czf ab.tgz ab_*.log ab_*.json && rm -f ab_*.log ab_*.json) ;;
     prefetch)
-        step 120 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
-            -k "every_gemm_configuration or graph_replays"
+        step 150 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
+        # a GPU whose table has no prefetching choice yet is tuned first (bfloat16, the 0.8B model), into this tree's table
+        if ! python3 -c "import sys, torch; from mini_engine.ops.decode_rows import tuned
+sys.exit(not any((e['config'] or {}).get('prefetch') for e in tuned.load().get(torch.cuda.get_device_name(), {}).values()))"; then
+            step 150 tune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16
+            cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
+        fi
+        # the engine's defaults in this tree against each tree under ab/ (their own tables), alternating, two rounds
+        trees=(. ab/*/)
+        for round in 1 2; do
+            for tree in "${trees[@]}"; do
+                [ -d "$tree" ] || continue
+                name=$([ "$tree" = . ] && echo this || basename "$tree")
+                (cd "$tree" && export PYTHONPATH="$PWD" && step 100 "engine_${name}_$round" python3 benchmarks/gpu_engine.py \
+                    --variants graphs-bf16-default --hf-dtype --vocab 248320 --repeats 3 \
+                    --out "$out/engine_${name}_$round.json")
+            done
+        done
         step 200 decode_gemms python3 benchmarks/decode_gemms.py --vocab 248320 --out "$out/decode_gemms_prefetch.json"
-        step 200 gpu_engine python3 benchmarks/gpu_engine.py --variants graphs-bf16-default graphs-bf16-auto-pdl \
-            --hf-dtype --vocab 248320 --repeats 3 --out "$out/gpu_engine_prefetch.json"
-        cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
-        step 150 tune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
-            --out "$out/tuned_gemms.json" ;;
+        (cd "$out" && tar czf engine_ab.tgz engine_*.log engine_*.json && rm -f engine_*.log engine_*.json) ;;
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;
