@@ -119,9 +119,10 @@ def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, ou
     bits) into ``final`` and sets the counter back to zero for the next launch.
 
     With PREFETCH (a dependent launch) the program first asks the L2 for its weight rows (``weight``: the weight's
-    own pointer, whether or not ``w`` is its descriptor), then waits: the weights are constants of the step, which no
-    kernel before writes, so reading them early keeps the stream's order, and their first bytes come from memory
-    while the kernel before still runs. Everything else is read after the wait, as without it."""
+    own pointer, whether or not ``w`` is its descriptor), then waits, so their bytes come from memory while the kernel
+    before still runs. Nothing reaches the program before the wait: the L2 is where every SM's writes land, so a
+    line fetched early is still the latest when the program reads it (and the weights are the step's constants,
+    which nothing writes). Everything is read after the wait, as without it."""
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     live = tile_m * BLOCK_M < n_live  # a tile past the batch holds padding rows alone: zeros, no weight read
     if PREFETCH and PDL:  # noqa: SIM102 (a constexpr: compiled out, apart from the live check at run time)
