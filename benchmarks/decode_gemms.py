@@ -15,7 +15,8 @@ per shape (and summed over a step, times the layers that have it):
   swapped tile with the weight through a tensor descriptor (Hopper's TMA); ``tma+pdl``: the same launched as
   programmatic dependent launches (each gemm's launch overlaps the one before; in a graph a kernel's own fixed
   cost was about 3 us on an H100, session 12); ``tma+pdl+pf``: those asking the L2 for their weight rows before
-  their wait (``GemmConfig.prefetch``: the next gemm's bytes start coming while the one before still runs). The swapped splits run also with their parts added by each
+  their wait (``GemmConfig.prefetch``: the next gemm's bytes start coming while the one before still runs; not
+  among the engine's candidates: faster here, slower in the engine's step, session 21). The swapped splits run also with their parts added by each
   tile's last program in the same launch (``fused_sum``; "k/4+" in the table), not by a second launch, which
   costs a kernel's fixed cost. Which configuration won is printed.
 
@@ -111,8 +112,9 @@ def measure(shape: tuple[int, int], wide: bool = False) -> dict:
              "cublas-1": in_graph(lambda w: padded[:1] @ w.T)}
     configs = {}
     candidates = wide_configs(n_out, n_in) if wide else gemm_ops.configs(n_out, n_in)  # TMA tiles with PDL included
-    if wide:  # every TMA tile of the wider grid also as a dependent launch, and one that prefetches its weight rows
-        candidates += [c._replace(pdl=True, prefetch=early) for c in candidates if c.tma for early in (False, True)]
+    if wide:  # every TMA tile of the wider grid also as a dependent launch
+        candidates += [c._replace(pdl=True) for c in candidates if c.tma]
+    candidates += [c._replace(prefetch=True) for c in candidates if c.pdl]  # (not the engine's candidates)
     candidates += [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1]
     for config in dict.fromkeys(candidates):
         try:

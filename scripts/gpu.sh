@@ -19,21 +19,15 @@
 #              the call carries ab/): engine_throughput.py's base and ledger modes, trees alternating in separate
 #              processes (two alternations of 6 rounds each), then ledger_host_time.py of each tree; their logs and
 #              JSON in OUT_DIR/ab.tgz (a device call brings back 8 files at most)
-#   prefetch   the decode gemms that ask the L2 for their weight rows before their dependent launch's wait
-#              (GemmConfig.prefetch): the decode step's GPU tests (their twins' bits among them); on a GPU whose table
-#              has no prefetching choice yet, its bfloat16 choices for the 0.8B model tuned again (into this tree's
-#              table, copied to OUT_DIR/tuned_gemms.json); the engine's defaults on Qwen3.5's vocabulary in this tree
-#              against each tree under ab/ (scripts/ab_tree.sh REV; carry ab), alternating, two rounds (OUT_DIR/
-#              engine_ab.tgz); then benchmarks/decode_gemms.py (per shape and the step's 97 gemms in one graph)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
 #   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address,
 #              by TMA descriptor, its splits summed in one launch, as programmatic dependent launches), then
 #              benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the
-#              decode gemm, its swapped tile, by TMA, by TMA with PDL, splits summed in one launch: do they take off
-#              the ~3 us a kernel costs in a graph?); the engine with each weight's fastest (``decode_gemm="auto"``)
-#              is priority's last step
+#              decode gemm, its swapped tile, by TMA, by TMA with PDL (and asking the L2 for its weight first), splits
+#              summed in one launch: do they take off the ~3 us a kernel costs in a graph?); the engine with each
+#              weight's fastest (``decode_gemm="auto"``) is priority's last step
 #
 #   diagnose   the two measurements the open goals of issue 9 wait on, first: one ledger run of the 0.8B engine under
 #              torch.profiler and cProfile (where the ledger's host time goes: 75 us a row on the H100, 28 % of the
@@ -76,11 +70,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|ab|prefetch|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|ab|prefetch|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | prefetch | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -147,27 +141,6 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         done
         # a log and a JSON a step, 10 or more: the device tool brings back 8 files at most, so one archive of them
         (cd "$out" && tar czf ab.tgz ab_*.log ab_*.json && rm -f ab_*.log ab_*.json) ;;
-    prefetch)
-        step 150 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
-        # a GPU whose table has no prefetching choice yet is tuned first (bfloat16, the 0.8B model), into this tree's table
-        if ! python3 -c "import sys, torch; from mini_engine.ops.decode_rows import tuned
-sys.exit(not any((e['config'] or {}).get('prefetch') for e in tuned.load().get(torch.cuda.get_device_name(), {}).values()))"; then
-            step 150 tune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16
-            cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
-        fi
-        # the engine's defaults in this tree against each tree under ab/ (their own tables), alternating, two rounds
-        trees=(. ab/*/)
-        for round in 1 2; do
-            for tree in "${trees[@]}"; do
-                [ -d "$tree" ] || continue
-                name=$([ "$tree" = . ] && echo this || basename "$tree")
-                (cd "$tree" && export PYTHONPATH="$PWD" && step 100 "engine_${name}_$round" python3 benchmarks/gpu_engine.py \
-                    --variants graphs-bf16-default --hf-dtype --vocab 248320 --repeats 3 \
-                    --out "$out/engine_${name}_$round.json")
-            done
-        done
-        step 200 decode_gemms python3 benchmarks/decode_gemms.py --vocab 248320 --out "$out/decode_gemms_prefetch.json"
-        (cd "$out" && tar czf engine_ab.tgz engine_*.log engine_*.json && rm -f engine_*.log engine_*.json) ;;
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;

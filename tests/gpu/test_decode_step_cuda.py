@@ -128,10 +128,10 @@ def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
 def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     """Each candidate ``gemm.choose`` may pick (the swapped tile by address and by TMA descriptor included), the
     swapped splits with their parts added in the same launch (``fused_sum``: the two-launch split's bits, on real
-    concurrent programs), and the TMA tiles as programmatic dependent launches, at the 0.8B model's shapes in
-    bfloat16 (those asking the L2 for their weight rows before their wait too: their twins' bits): within bf16
-    rounding of the float32 product, rows past the batch zero, and a row's bits the same
-    alone as in a batch of 20 (two live 16-row tiles); a swapped tile reading an MLP's gate | up rows
+    concurrent programs), and the TMA tiles as programmatic dependent launches (also asking the L2 for their weight
+    rows before their wait, ``prefetch``: their twins' bits), at the 0.8B model's shapes in bfloat16: within bf16
+    rounding of the float32 product, rows past the batch zero, and a row's bits the same alone as in a batch of 20
+    (two live 16-row tiles); a swapped tile reading an MLP's gate | up rows
     (``silu_mul=True``) gives the bits of the activation's kernel then the gemm."""
     import torch
 
@@ -147,7 +147,8 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     want = x[:20].float() @ weight.float().T
     candidates = gemm.configs(n_out, n_in)
     fused = [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1]
-    for config in candidates + fused + [c._replace(pdl=True) for c in candidates + fused if c.tma]:
+    dependent = [c._replace(pdl=True) for c in candidates + fused if c.tma]
+    for config in candidates + fused + dependent + [c._replace(prefetch=True) for c in dependent]:
         got = gemm.linear(x, weight, rows=20, config=config)
         assert relative_error(got[:20], want) <= 1e-2 and not got[20:].any(), config
         assert torch.equal(gemm.linear(alone, weight, rows=1, config=config)[0], got[17]), config

@@ -12,12 +12,17 @@ loaded by address or (``tma``) by a tensor descriptor, as decode kernels for sma
 graph each kernel costs about 3 us of its own on an H100, whatever it streams (session 12); the TMA tile as a
 programmatic dependent launch (``pdl``: ``ops.pdl``) overlaps that with the kernel before it (the step's 97
 gemms in one graph 652 us against 709, H100, session 13), and ``DecodeModel(pdl=True)`` launches every Triton
-gemm of the step so. Such a launch may also ask the L2 for its weight rows before its wait (``prefetch``): the
-weights are the step's constants, so the bytes it streams start coming while the kernel before still runs, where
-the wait alone overlaps only the launch (on an H100, session 21: a 1024-wide output's gemm 4.8 -> 3.9 us and 7.1 ->
-5.8 us in a graph; the wide ones and the head gain nothing, so the choice stays per weight). A split whose parts
-the tile's last program adds in the same launch (``fused_sum``) is offered only so, for narrow outputs: alone it
-won one shape of six, by address, where the whole-K TMA tile was faster still.
+gemm of the step so. A split whose parts the tile's last program adds in the same launch (``fused_sum``) is
+not offered: it won one shape of six, by address, where the whole-K TMA tile was faster still.
+
+Such a launch may also ask the L2 for its weight rows before its wait (``prefetch``), so the bytes it streams start
+coming while the kernel before still runs, where the wait alone overlaps only the launch. It is not among the
+candidates: in a graph of one shape's gemms it is faster for the 1,024-wide outputs (H100, session 21: 4.8 -> 3.9
+us and 7.1 -> 5.8 us a gemm; the wide ones and the head gain nothing), and the tuner chose it for them, but the
+engine's decode step with those choices ran 4-5 % slower at batch 1 (799-804 against 837-839 tok/s, two
+alternating rounds; the head's choice ruled out). What it costs in the step (its programs resident and waiting
+beside the kernel before, its early reads against that kernel's) is not measured. ``decode_gemms.py`` times it
+beside its twin.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
 Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
@@ -178,9 +183,9 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     """Candidate configurations for a weight [n_out, n_in] (the first is the default): column blocks of 16,
     32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
     2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
-    swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch, and one that asks the
-    L2 for its weight rows before its wait), over all of K and (narrow outputs) in 4 parts, there also as a dependent
-    launch asking for its rows early whose parts its tiles' last programs add (``fused_sum``). (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on
+    swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch), over all of K and
+    (narrow outputs) in 4 parts. (Not the dependent launch that asks for its weight early, ``prefetch``: timed alone
+    it wins, in the engine's step it loses; see the module's docstring.) (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on
     an H100: session 12.)"""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
@@ -193,12 +198,8 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     swapped = [(1, block_ks[0])]
     if n_out <= 2048:
         swapped += [(4, k) for k in (128, 64) if n_in % (4 * k) == 0][:1]
-    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=dependent, prefetch=early) for split, k in swapped
-            for tma, dependent, early in ((False, False, False), (True, False, False), (True, True, False),
-                                          (True, True, True))]
-    if n_out <= 2048:  # K in parts on 4x the programs, the parts added in the launch, the weight asked for early
-        out += [GemmConfig(64, k, split_k=4, swap=True, tma=True, pdl=True, fused_sum=True, prefetch=True)
-                for split, k in swapped[1:]]
+    out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=dependent) for split, k in swapped
+            for tma, dependent in ((False, False), (True, False), (True, True))]
     return out
 
 
