@@ -25,7 +25,8 @@ copy of its weight (copies past the L2, so the weight comes from memory; ``gemm.
 median replay divided by the copies (``gemm.graph_microseconds``). Timed alone between two events, a 10 us gemm
 carries the events' own few microseconds, unevenly between candidates (session 11: 1.4-2.7x over). Then the
 whole step: its gemms, each on its own weight (1 GB) in the step's order, in one graph, per candidate with
-each shape's fastest configuration. Prints a table, writes JSON. Needs CUDA.
+each shape's fastest configuration, and with the package's table (the engine's default: each shape's choice
+timed alone, which session 21 found can lose in the step). Prints a table, writes JSON. Needs CUDA.
 
 Usage: ``python benchmarks/decode_gemms.py [--vocab N] [--wide] [--out FILE]``.
 """
@@ -45,6 +46,7 @@ from mini_engine.model.builtin import QWEN35_08B, builtin_config
 from mini_engine.model.config import LINEAR
 from mini_engine.ops import invariant as inv
 from mini_engine.ops.decode_rows import gemm as gemm_ops
+from mini_engine.ops.decode_rows import tuned
 
 COPY_BANDWIDTH = 4.17e12  # bytes/s, the H200's device copy (issue 9)
 DEVICE = "cuda"
@@ -152,6 +154,11 @@ def step_in_graph(rows: list[dict], repeats: int = 20) -> dict:
             best = {tuple(r["shape"]): gemm_ops.GemmConfig(**r["configs"][name]) for r in rows}
             gemms[name] = lambda w, best=best: gemm_ops.linear(padded[w.shape[1]], w, rows=1,
                                                                 config=best[tuple(w.shape)])
+    # the engine's default, the package's table for this GPU (cuBLAS where it names none): each shape's choice
+    # timed alone, as the tuner ranks them, is not the step's (session 21: faster alone, slower in the step)
+    chosen = {tuple(w.shape): tuned.tuned(w) for w in weights}
+    gemms["table"] = lambda w: (inv.linear(padded[w.shape[1]], w) if chosen[tuple(w.shape)] is None else
+                                gemm_ops.linear(padded[w.shape[1]], w, rows=1, config=chosen[tuple(w.shape)]))
     out = {name: gemm_ops.graph_microseconds([lambda w=w, g=gemm: g(w) for w in weights], repeats)
            for name, gemm in gemms.items()}
     return {"gemms": len(sequence), "weight_bytes": sum(w.numel() * 2 for w in weights), "us": out}
@@ -186,6 +193,8 @@ def main() -> None:
     print(f"{'a step in one graph':<25}" + "".join(
         f"{graph_us[c]:>8.0f} us {weights / (graph_us[c] * 1e-6) / 1e12:>4.2f}" if c in graph_us else f"{'-':>18}"
         for c in present) + f"   ({graph['gemms']} gemms, each on its own weight)")
+    print(f"{'the package table in one graph':<25}{graph_us['table']:>8.0f} us "
+          f"{weights / (graph_us['table'] * 1e-6) / 1e12:>4.2f}   (decode_gemm=\"tuned\" on this GPU: the engine's default)")
     print(f"the step's {weights / 1e9:.2f} GB at the copy bandwidth: {weights / COPY_BANDWIDTH * 1e6:.0f} us; the "
           f"fastest batch-invariant candidate per shape, summed: {best:.0f} us")
     if args.out:
