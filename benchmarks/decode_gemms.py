@@ -16,9 +16,9 @@ per shape (and summed over a step, times the layers that have it):
   programmatic dependent launches (each gemm's launch overlaps the one before; in a graph a kernel's own fixed
   cost was about 3 us on an H100, session 12); ``tma+pdl+pf``: those asking the L2 for their weight rows before
   their wait (``GemmConfig.prefetch``: the next gemm's bytes start coming while the one before still runs; not
-  among the engine's candidates: faster here, slower in the engine's step, session 21). The swapped splits run also with their parts added by each
-  tile's last program in the same launch (``fused_sum``; "k/4+" in the table), not by a second launch, which
-  costs a kernel's fixed cost. Which configuration won is printed.
+  among the engine's candidates: faster here, slower in the engine's step, session 21). The swapped splits run
+  also with their parts added by each tile's last program in the same launch (``fused_sum``; "k/4+" in the
+  table), not by a second launch, which costs a kernel's fixed cost. Which configuration won is printed.
 
 Every time is a gemm **in a CUDA graph**, as a graphed decode step runs it: one shape's gemm captured once per
 copy of its weight (copies past the L2, so the weight comes from memory; ``gemm.past_l2``) and replayed, the
@@ -194,7 +194,8 @@ def main() -> None:
         f"{graph_us[c]:>8.0f} us {weights / (graph_us[c] * 1e-6) / 1e12:>4.2f}" if c in graph_us else f"{'-':>18}"
         for c in present) + f"   ({graph['gemms']} gemms, each on its own weight)")
     print(f"{'the package table in one graph':<25}{graph_us['table']:>8.0f} us "
-          f"{weights / (graph_us['table'] * 1e-6) / 1e12:>4.2f}   (decode_gemm=\"tuned\" on this GPU: the engine's default)")
+          f"{weights / (graph_us['table'] * 1e-6) / 1e12:>4.2f}   (decode_gemm=\"tuned\" on this GPU: the engine's "
+          "default)")
     print(f"the step's {weights / 1e9:.2f} GB at the copy bandwidth: {weights / COPY_BANDWIDTH * 1e6:.0f} us; the "
           f"fastest batch-invariant candidate per shape, summed: {best:.0f} us")
     if args.out:

@@ -215,7 +215,8 @@ def compile_all(path: str) -> None:
                             "waits": "griddepcontrol.wait" in compiled.asm["ptx"],
                             # where it asks the L2 for its weights (``GemmConfig.prefetch``): -1 none, else whether
                             # before that wait
-                            "prefetches": _before(compiled.asm["ptx"], "cp.async.bulk.prefetch", "griddepcontrol.wait")})
+                            "prefetches": _before(compiled.asm["ptx"], "cp.async.bulk.prefetch",
+                                                  "griddepcontrol.wait")})
         except Exception as error:  # the compiler's own message is the finding
             results.append({**what, "error": f"{type(error).__name__}: {error}"[:2000]})
     json.dump(results, sys.stdout)

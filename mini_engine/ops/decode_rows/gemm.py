@@ -19,10 +19,10 @@ Such a launch may also ask the L2 for its weight rows before its wait (``prefetc
 coming while the kernel before still runs, where the wait alone overlaps only the launch. It is not among the
 candidates: in a graph of one shape's gemms it is faster for the 1,024-wide outputs (H100, session 21: 4.8 -> 3.9
 us and 7.1 -> 5.8 us a gemm; the wide ones and the head gain nothing), and the tuner chose it for them, but the
-engine's decode step with those choices ran 4-5 % slower at batch 1 (799-804 against 837-839 tok/s, two
-alternating rounds; the head's choice ruled out). What it costs in the step (its programs resident and waiting
-beside the kernel before, its early reads against that kernel's) is not measured. ``decode_gemms.py`` times it
-beside its twin.
+engine's decode step with those choices ran 4-5 % slower at batch 1 (797-810 against 829-839 tok/s, four
+alternating rounds in two calls; the head's choice ruled out). What it costs in the step (its programs resident and
+waiting beside the kernel before, its early reads against that kernel's) is not measured. ``decode_gemms.py``
+times it beside its twin.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
 Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
@@ -184,9 +184,9 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
     2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
     swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch), over all of K and
-    (narrow outputs) in 4 parts. (Not the dependent launch that asks for its weight early, ``prefetch``: timed alone
-    it wins, in the engine's step it loses; see the module's docstring.) (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower on
-    an H100: session 12.)"""
+    (narrow outputs) in 4 parts. Not the dependent launch that asks for its weight early (``prefetch``): timed alone
+    it wins, in the engine's step it loses (the module's docstring). (Narrower swapped tiles, 32 or 16 weight rows by
+    descriptor, ran 1.2-1.5x slower on an H100: session 12.)"""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
         raise ValueError(f"linear needs in_features divisible by 16; got {n_in}")
