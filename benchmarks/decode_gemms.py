@@ -15,8 +15,9 @@ per shape (and summed over a step, times the layers that have it):
   swapped tile with the weight through a tensor descriptor (Hopper's TMA); ``tma+pdl``: the same launched as
   programmatic dependent launches (each gemm's launch overlaps the one before; in a graph a kernel's own fixed
   cost was about 3 us on an H100, session 12); ``tma+pdl+pf``: those asking the L2 for their weight rows before
-  their wait (``GemmConfig.prefetch``: the next gemm's bytes start coming while the one before still runs; not
-  among the engine's candidates: faster here, slower in the engine's step, session 21). The swapped splits run
+  their wait, their first two pipeline stages or all of it (``GemmConfig.prefetch``: the next gemm's bytes start
+  coming while the one before still runs; not among the engine's candidates: all of it was faster here, slower
+  in the engine's step, session 21). The swapped splits run
   also with their parts added by each tile's last program in the same launch (``fused_sum``; "k/4+" in the
   table), not by a second launch, which costs a kernel's fixed cost. Which configuration won is printed.
 
@@ -116,7 +117,8 @@ def measure(shape: tuple[int, int], wide: bool = False) -> dict:
     candidates = wide_configs(n_out, n_in) if wide else gemm_ops.configs(n_out, n_in)  # TMA tiles with PDL included
     if wide:  # every TMA tile of the wider grid also as a dependent launch
         candidates += [c._replace(pdl=True) for c in candidates if c.tma]
-    candidates += [c._replace(prefetch=True) for c in candidates if c.pdl]  # (not the engine's candidates)
+    # (not the engine's candidates) asking for each row's first two pipeline stages, or its whole part
+    candidates += [c._replace(prefetch=columns) for c in candidates if c.pdl for columns in (2 * c.block_k, n_in)]
     candidates += [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1]
     for config in dict.fromkeys(candidates):
         try:
@@ -208,7 +210,8 @@ def main() -> None:
 def label(config: dict) -> str:
     """A configuration in a table cell: block_n x block_k, warps, stages, K parts (+: added in the same launch)."""
     return (f"{config['block_n']}x{config['block_k']} w{config['num_warps']} s{config['num_stages']}"
-            f" k/{config['split_k']}{'+' if config.get('fused_sum') else ''}")
+            f" k/{config['split_k']}{'+' if config.get('fused_sum') else ''}"
+            f"{' pf' + str(config['prefetch']) if config.get('prefetch') else ''}")
 
 if __name__ == "__main__":
     main()

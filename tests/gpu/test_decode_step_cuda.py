@@ -148,13 +148,14 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     candidates = gemm.configs(n_out, n_in)
     fused = [c._replace(fused_sum=True) for c in candidates if c.swap and c.split_k > 1]
     dependent = [c._replace(pdl=True) for c in candidates + fused if c.tma]
-    for config in candidates + fused + dependent + [c._replace(prefetch=True) for c in dependent]:
+    early = [c._replace(prefetch=columns) for c in dependent for columns in (2 * c.block_k, n_in)]  # 2 stages, all
+    for config in candidates + fused + dependent + early:
         got = gemm.linear(x, weight, rows=20, config=config)
         assert relative_error(got[:20], want) <= 1e-2 and not got[20:].any(), config
         assert torch.equal(gemm.linear(alone, weight, rows=1, config=config)[0], got[17]), config
         if config.fused_sum:
             two_launches = gemm.linear(x, weight, rows=20, config=config._replace(fused_sum=False, pdl=False,
-                                                                                   prefetch=False))
+                                                                                   prefetch=0))
             assert torch.equal(got, two_launches), config
         if config.prefetch:  # asking the L2 for the weight first changes no bit
-            assert torch.equal(got, gemm.linear(x, weight, rows=20, config=config._replace(prefetch=False))), config
+            assert torch.equal(got, gemm.linear(x, weight, rows=20, config=config._replace(prefetch=0))), config

@@ -141,10 +141,11 @@ def _exercise() -> None:
             # the swapped tile as a programmatic dependent launch (decode_gemms.py's "pdl"; recorded, not run:
             # the interpreter has no griddepcontrol)
             gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True))
-            # and asking the L2 for its weight rows before its wait (not a candidate; decode_gemms.py times it)
-            for split, fused in ((1, False), (4, True)):
+            # and asking the L2 for its weight rows before its wait, their first two stages or whole (not a
+            # candidate; decode_gemms.py times it)
+            for split, fused, columns in ((1, False, 256), (4, True, 1 << 16)):
                 gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 128, split_k=split, swap=True, tma=True,
-                                                                      pdl=True, fused_sum=fused, prefetch=True))
+                                                                      pdl=True, fused_sum=fused, prefetch=columns))
             with pdl.launches(True):  # a split summed by a second launch, in a dependent decode step
                 gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 128, split_k=2))
             for tma in (False, True):  # a split whose parts the tile's last program adds (fused_sum)

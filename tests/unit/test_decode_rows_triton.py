@@ -182,8 +182,10 @@ def test_every_gemm_configuration_computes_the_product():
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, tma=True))
     with pytest.raises(ValueError, match="pdl=True .* needs swap=True"):
         gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(16, 64, pdl=True))
-    with pytest.raises(ValueError, match="prefetch=True .* needs pdl=True"):
-        gemm.linear(x, weight, rows=2, config=gemm.GemmConfig(64, 64, swap=True, tma=True, prefetch=True))
+    for config in (gemm.GemmConfig(64, 64, swap=True, tma=True, prefetch=64),  # not a dependent launch
+                   gemm.GemmConfig(64, 64, swap=True, tma=True, pdl=True, prefetch=12)):  # not whole 16-byte pieces
+        with pytest.raises(ValueError, match="prefetch=N .* needs pdl=True and N a positive multiple of 8"):
+            gemm.linear(x, weight, rows=2, config=config)
 
 
 def test_a_fused_sum_gives_the_two_launch_splits_bits():

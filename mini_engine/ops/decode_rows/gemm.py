@@ -21,8 +21,10 @@ candidates: in a graph of one shape's gemms it is faster for the 1,024-wide outp
 us and 7.1 -> 5.8 us a gemm; the wide ones and the head gain nothing), and the tuner chose it for them, but the
 engine's decode step with those choices ran 4-5 % slower at batch 1 (797-810 against 829-839 tok/s, four
 alternating rounds in two calls; the head's choice ruled out). What it costs in the step (its programs resident and
-waiting beside the kernel before, its early reads against that kernel's) is not measured. ``decode_gemms.py``
-times it beside its twin.
+waiting beside the kernel before, its early reads against that kernel's) is not measured. Those runs asked for
+each program's whole part of its rows; ``prefetch`` is a number of columns, so a launch may ask for only its first
+pipeline stages (the first loads' latency covered, a fraction of the bytes in flight ahead of the kernel before).
+``decode_gemms.py`` times both beside their twin.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
 Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
@@ -58,7 +60,9 @@ class GemmConfig(NamedTuple):
     tma: bool = False  # with ``swap``: the weight tiles come through a tensor descriptor (Hopper's TMA engine)
     pdl: bool = False  # with ``swap``: always a programmatic dependent launch (``ops.pdl``), in a step or not
     fused_sum: bool = False  # with ``swap`` and split_k > 1: the parts added by the tile's last program, one launch
-    prefetch: bool = False  # with ``pdl``: each program asks the L2 for its weight rows before its wait (``_prefetch``)
+    # with ``pdl``: the columns of each of its weight rows (from its K part's start; 0 none, its whole part at most) a
+    # program asks the L2 for before its wait (``_prefetch``); a multiple of 8
+    prefetch: int = 0
 
 
 @triton.jit
@@ -95,12 +99,12 @@ def _linear_kernel(x, w, out, n_live, N, K_PART, x_stride, w_stride, out_stride,
 
 
 @triton.jit
-def _prefetch(weight, cols, N, k0, K_PART, w_stride):
-    """Ask the L2 for this program's weight rows ``cols`` (those past N read as the last), columns k0..k0 + K_PART:
+def _prefetch(weight, cols, N, k0, columns, w_stride):
+    """Ask the L2 for this program's weight rows ``cols`` (those past N read as the last), columns k0..k0 + columns:
     one bulk prefetch a row (sm_90 on). It neither waits nor writes: the loads after it find the rows in the L2, or
     on their way there."""
     start = weight + tl.minimum(cols, N - 1).to(tl.int64) * w_stride + k0
-    size = tl.full(cols.shape, 0, tl.int32) + K_PART * weight.dtype.element_ty.primitive_bitwidth // 8
+    size = tl.full(cols.shape, 0, tl.int32) + columns * weight.dtype.element_ty.primitive_bitwidth // 8
     tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
                               [start, size], dtype=tl.int32, is_pure=False, pack=1)
 
@@ -108,7 +112,7 @@ def _prefetch(weight, cols, N, k0, K_PART, w_stride):
 @triton.jit(do_not_specialize=["n_live"])
 def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final,
                     counters, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PREFETCH: tl.constexpr = False,
+                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PREFETCH: tl.constexpr = 0,
                     PDL: tl.constexpr = False):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
@@ -123,16 +127,16 @@ def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, ou
     program that counts last adds the SPLIT parts in order 0, 1, ... (``_sum_parts_kernel``'s order, so the same
     bits) into ``final`` and sets the counter back to zero for the next launch.
 
-    With PREFETCH (a dependent launch) the program first asks the L2 for its weight rows (``weight``: the weight's
-    own pointer, whether or not ``w`` is its descriptor), then waits, so their bytes come from memory while the kernel
-    before still runs. Nothing reaches the program before the wait: the L2 is where every SM's writes land, so a
+    With PREFETCH > 0 (a dependent launch) the program first asks the L2 for the first PREFETCH columns of its part
+    of its weight rows (``weight``: the weight's own pointer, whether or not ``w`` is its descriptor), then waits, so
+    those bytes come from memory while the kernel before still runs. Nothing reaches the program before the wait: the L2 is where every SM's writes land, so a
     line fetched early is still the latest when the program reads it (and the weights are the step's constants,
     which nothing writes). Everything is read after the wait, as without it."""
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     live = tile_m * BLOCK_M < n_live  # a tile past the batch holds padding rows alone: zeros, no weight read
-    if PREFETCH and PDL:  # noqa: SIM102 (a constexpr: compiled out, apart from the live check at run time)
+    if PREFETCH > 0 and PDL:  # noqa: SIM102 (a constexpr: compiled out, apart from the live check at run time)
         if live:
-            _prefetch(weight, cols, N, part * K_PART, K_PART, w_stride)
+            _prefetch(weight, cols, N, part * K_PART, tl.minimum(K_PART, PREFETCH), w_stride)
     pdl.begin(PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if live:
@@ -229,9 +233,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         raise ValueError(f"pdl=True is the swapped kernel's programmatic dependent launch: it needs swap=True and a "
                          f"triton with triton.language.extra.cuda.gdc_wait (3.4 on); got {config}, triton "
                          f"{triton.__version__}")
-    if config.prefetch and not config.pdl:
-        raise ValueError(f"prefetch=True asks the L2 for the weight before a dependent launch's wait: it needs "
-                         f"pdl=True; got {config}")
+    if config.prefetch and not (config.pdl and config.prefetch > 0 and config.prefetch % 8 == 0):
+        raise ValueError(f"prefetch=N asks the L2 for N columns of each weight row before a dependent launch's wait: "
+                         f"it needs pdl=True and N a positive multiple of 8 (whole 16-byte pieces); got {config}")
     out = x.new_empty(padded, n_out)
     if not padded:
         return out
