@@ -129,9 +129,10 @@ def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, ou
 
     With PREFETCH > 0 (a dependent launch) the program first asks the L2 for the first PREFETCH columns of its part
     of its weight rows (``weight``: the weight's own pointer, whether or not ``w`` is its descriptor), then waits, so
-    those bytes come from memory while the kernel before still runs. Nothing reaches the program before the wait: the L2 is where every SM's writes land, so a
-    line fetched early is still the latest when the program reads it (and the weights are the step's constants,
-    which nothing writes). Everything is read after the wait, as without it."""
+    those bytes come from memory while the kernel before still runs. Nothing reaches the program before the wait:
+    the L2 is where every SM's writes land, so a line fetched early is still the latest when the program reads it
+    (and the weights are the step's constants, which nothing writes). Everything is read after the wait, as
+    without it."""
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     live = tile_m * BLOCK_M < n_live  # a tile past the batch holds padding rows alone: zeros, no weight read
     if PREFETCH > 0 and PDL:  # noqa: SIM102 (a constexpr: compiled out, apart from the live check at run time)
