@@ -22,6 +22,7 @@ import statistics
 
 import torch
 
+from mini_engine.engine.runner import decode_step_rows
 from mini_engine.instrument import Instrumentation
 from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests, on_host
 
@@ -66,20 +67,8 @@ class _Equals(DeviceDigest):
 
 
 def together(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:
-    """The step's rows as one entry (the runner's ``_report_step``)."""
-    n = len(known)
-
-    def rows(digests, step, seq):
-        made = []
-        for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
-            made.append({"type": "slot_write", "step": step, "seq": seq, "batch": 1, "rid": rid, "slot": slot,
-                         "role": "live", "position": position, "checksum": written})
-            made.append({"type": "decode_metadata", "step": step, "seq": seq + 1, "batch": 1, "rid": rid,
-                         "read_checksum": read, "staged_checksum": staged, "match": read == staged})
-            seq += 2
-        return made
-
-    events.emit_rows(2 * n, DeviceDigests(lanes, event), rows)
+    """The step's rows as one entry (the runner's ``_report_step``, its own row builder)."""
+    events.emit_rows(2 * len(known), DeviceDigests(lanes, event), decode_step_rows(1, known))
 
 
 def host_rows(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:

@@ -8,6 +8,7 @@ donation still names the slot ids it was built with, exactly as a real engine's 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -304,20 +305,8 @@ class ModelRunner:
         """A decode step's ledger rows, made together once its ``digests`` land (``Instrumentation.emit_rows``):
         per item the ``slot_write`` of the state its slot was left with and the ``decode_metadata`` of the page
         table the step read against the one staged for it (the metadata a kernel really saw)."""
-        n = len(items)
         known = [(it.request.rid, it.live_slot, it.start + 1, self._staged_digest(it.pages)) for it in items]
-
-        def rows(digests: list[int], step: int, seq: int) -> list[dict]:
-            made = []  # the rows of _live_write and _metadata_read, written out: one dict a row
-            for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
-                made.append({"type": "slot_write", "step": step, "seq": seq, "batch": batch, "rid": rid, "slot": slot,
-                             "role": "live", "position": position, "checksum": written})
-                made.append({"type": "decode_metadata", "step": step, "seq": seq + 1, "batch": batch, "rid": rid,
-                             "read_checksum": read, "staged_checksum": staged, "match": read == staged})
-                seq += 2
-            return made
-
-        self.events.emit_rows(2 * n, digests, rows)
+        self.events.emit_rows(2 * len(items), digests, decode_step_rows(batch, known))
 
     def _snapshot_checksums(self, items: list[BatchItem], into: DigestRows | None) -> list:
         """The checksums of the snapshots ``items`` wrote to their track slots, launched together after them (into
@@ -364,6 +353,25 @@ class ModelRunner:
         rows = logits.index_select(0, index).float().cpu()
         picked = [_draw(row, items[r].request.params, items[r].start + items[r].length) for r, row in zip(drawn, rows)]
         return tokens.index_copy_(0, index, upload(torch.tensor(picked, dtype=tokens.dtype), tokens.device))
+
+
+def decode_step_rows(batch: int, known: list[tuple[str, int, int, int]]) -> Callable[[list[int], int, int], list[dict]]:
+    """The builder of a decode step's ledger rows for ``Instrumentation.emit_rows``: ``known`` is per sequence
+    (rid, live slot, position after the step, staged page-table digest); the digests are the B states' then the B
+    page tables' read. The rows of ``_live_write`` and ``_metadata_read``, written out: one dict a row."""
+    n = len(known)
+
+    def rows(digests: list[int], step: int, seq: int) -> list[dict]:
+        made = []
+        for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
+            made.append({"type": "slot_write", "step": step, "seq": seq, "batch": batch, "rid": rid, "slot": slot,
+                         "role": "live", "position": position, "checksum": written})
+            made.append({"type": "decode_metadata", "step": step, "seq": seq + 1, "batch": batch, "rid": rid,
+                         "read_checksum": read, "staged_checksum": staged, "match": read == staged})
+            seq += 2
+        return made
+
+    return rows
 
 
 def _live_write(batch: int, rid: str, slot: int, position: int, checksum) -> dict:
