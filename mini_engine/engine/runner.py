@@ -57,6 +57,7 @@ class Batch:
     # the ledger's digests of the forward on CUDA: rows of the same results tensors after ``sampled``'s, landing
     # with them (``ModelRunner.launch``); None elsewhere
     digests: DigestRows | None = None
+    results: torch.Tensor | None = None  # the whole device results tensor: ``sampled``'s rows, then ``digests``'
 
 
 class _ResultsCopy:
@@ -144,7 +145,7 @@ class ModelRunner:
         rows = n + (4 * n if self._digest_rows else 0)
         results = self.device.zeros((rows, 2), dtype=torch.long)
         host = torch.zeros((rows, 2), dtype=torch.long, pin_memory=pinned)
-        batch = Batch(self._batches, items, results[:n], host[:n], Event(0), buffer)
+        batch = Batch(self._batches, items, results[:n], host[:n], Event(0), buffer, results=results)
         landing, self._landing = self._landing or _ResultsCopy(self.device), None
         if rows > n:
             batch.digests = DigestRows(results[n:], host[n:], landing)
@@ -243,25 +244,55 @@ class ModelRunner:
         ``decode_step``: the pools advance in place, and greedy tokens are picked on the device."""
         items = [batch.items[i] for i in indices]
         slots = [it.live_slot for it in items]
-        device = self.states.next_token.device
-        slot_ids = upload(torch.tensor(slots), device)
         positions = [it.start for it in items]
         counts = [len(it.pages) for it in items]  # each table row's pages (the ledger digests the row cut there)
-        digests = ()
         if self.graphs is not None:
-            logits, digests = self.graphs(slots, positions, table, counts if self.graphs.after else None)
+            self._decode_graphed(batch, indices, items, table, counts)
         else:
+            device = self.states.next_token.device
+            slot_ids = upload(torch.tensor(slots), device)
             tokens_in = self.states.next_token.index_select(0, slot_ids)
             logits = decode_step(self.decode_model, self.pools, tokens_in, slots, positions, table)
-        tokens = self._pick_tokens(logits, items)
-        self.states.next_token.index_copy_(0, slot_ids, tokens)
-        rows = upload(torch.tensor(indices), device)
-        batch.sampled[:, 0].index_copy_(0, rows, tokens)
-        if self.events.enabled:  # the batch's digests together: a few launches or none, not a few per item
+            tokens = self._pick_tokens(logits, items)
+            self.states.next_token.index_copy_(0, slot_ids, tokens)
+            rows = upload(torch.tensor(indices), device)
+            batch.sampled[:, 0].index_copy_(0, rows, tokens)
+            if self.events.enabled:  # the batch's digests together: a few launches or none, not a few per item
+                with self.events.timing():
+                    self._report_step(batch.index, items, self._decode_digests(batch, rows, items, counts, table,
+                                                                                 logits))
+        self._decode_snapshots(batch, items)
+
+    def _decode_graphed(self, batch: Batch, indices: list[int], items: list[BatchItem], table: torch.Tensor,
+                        counts: list[int]) -> None:
+        """``_decode_in_place`` through the step's CUDA graph, which also picks the greedy tokens, stores them as
+        the slots' next tokens and lays its results out as the batch's results rows (``DecodeGraphs``; with a sink
+        the logits' checks and the ledger's digests too, ``step_digests``): a sampled item's token drawn over its
+        row, then one copy where the batch reads them (the items the batch's first and no digest rows taken yet,
+        as in a batch of decode items alone), or a copy of the rows to their places."""
+        n, slots = len(items), [it.live_slot for it in items]
+        ledger = self.graphs.after is not None
+        logits, out = self.graphs(slots, [it.start for it in items], table, counts if ledger else None)
+        if self._draw_sampled(logits, items, out[:n, 0]):  # over the greedy tokens the graph stored
+            device = self.states.next_token.device
+            self.states.next_token.index_copy_(0, upload(torch.tensor(slots), device), out[:n, 0])
+        digests = batch.digests
+        if indices == list(range(n)) and (digests is None or digests.taken == 0):
+            batch.results[: out.shape[0]].copy_(out)
+            first = digests.take(2 * n)[1] if ledger else 0
+        else:
+            batch.sampled.index_copy_(0, upload(torch.tensor(indices), out.device), out[:n])
+            if ledger:
+                rows, first = digests.take(2 * n)
+                rows.copy_(out[n:])
+        if ledger:
             with self.events.timing():
-                self._report_step(batch.index, items, self._decode_digests(batch, rows, items, counts,
-                                                                             table[: len(items)], logits, digests))
-        # a decode token that completes a chunk leaves the slot at a 64-boundary: its conv and rec are the snapshot
+                self.states.count_step([it.start + 1 for it in items])
+                self._report_step(batch.index, items, digests.all_of(first, 2 * n))
+
+    def _decode_snapshots(self, batch: Batch, items: list[BatchItem]) -> None:
+        """The track snapshots of a decode step: a decode token that completes a chunk leaves the slot at a
+        64-boundary, so its conv and rec are the snapshot."""
         snapshots = [it for it in items
                      if it.track is not None and (it.start + 1) % SNAPSHOT_ALIGN == 0 and self.track_writer]
         if batch.digests is not None:  # the ledger's, on CUDA: one launch a snapshot copies it and digests both ends
@@ -270,35 +301,33 @@ class ModelRunner:
                     _, written = self.states.copy_witnessed(it.track.slot, it.live_slot, it.start + 1,
                                                             into=batch.digests)
                     self._report_snapshot(batch.index, it, written)
-        else:
-            for it in snapshots:
-                live = it.live_slot
-                self.states.write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live],
-                                                                   self.states.rec[live]))
-            if self.events.enabled and snapshots:
-                with self.events.timing():
-                    for it, checksum in zip(snapshots, self._snapshot_checksums(snapshots, None)):
-                        self._report_snapshot(batch.index, it, checksum)
+            return
+        for it in snapshots:
+            live = it.live_slot
+            self.states.write_snapshot(it.track.slot, Snapshot(it.start + 1, self.states.conv[live],
+                                                               self.states.rec[live]))
+        if self.events.enabled and snapshots:
+            with self.events.timing():
+                for it, checksum in zip(snapshots, self._snapshot_checksums(snapshots, None)):
+                    self._report_snapshot(batch.index, it, checksum)
 
     def _decode_digests(self, batch: Batch, rows: torch.Tensor, items: list[BatchItem], counts: list[int],
-                        table: torch.Tensor, logits: torch.Tensor, digests: tuple) -> DeviceDigests | list[int]:
-        """The ledger's digests of a decode step, 2B of them: the checksums of the states the items' slots were left
-        with, then of the page-table rows the step read; the logits' checks go into the batch's results. On CUDA
-        one device computation (``step_digests``; ``digests`` when the step's graph replayed it), its lanes copied
-        into the batch's digest rows (they land with its tokens); on the sim host ints."""
+                        table: torch.Tensor, logits: torch.Tensor) -> DeviceDigests | list[int]:
+        """The ledger's digests of an eager decode step, 2B of them: the checksums of the states the items' slots
+        were left with, then of the page-table rows the step read; the logits' checks go into the batch's results.
+        On CUDA one device computation (``step_digests``, what a step's graph replays), its lanes copied into the
+        batch's digest rows (they land with its tokens); on the sim host ints."""
         slots, lengths = [it.live_slot for it in items], [it.start + 1 for it in items]
         if not logits.is_cuda:
             batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
             return [*self.states.step_checksums(slots, lengths),
                     *(checksum_ints(row[: len(it.pages)].tolist()) for it, row in zip(items, table))]
-        if not digests:  # the step ran eagerly: the same computation, launched now
-            host = step_inputs(slots, [it.start for it in items], counts)
-            digests = step_digests(self.states, upload(host, logits.device), table, logits)
-        lanes, checks = digests
+        host = step_inputs(slots, [it.start for it in items], counts)
+        checks, lanes = step_digests(self.states, upload(host, logits.device), table[: len(items)], logits)
         batch.sampled[:, 1].index_copy_(0, rows, checks)
         self.states.count_step(lengths)
         out, first = batch.digests.take(2 * len(items))
-        out.copy_(lanes.view(-1, 2))  # into the batch's results before the graph's next replay overwrites them
+        out.copy_(lanes)
         return batch.digests.all_of(first, 2 * len(items))
 
     def _report_step(self, batch: int, items: list[BatchItem], digests: DeviceDigests | list[int]) -> None:
@@ -343,16 +372,23 @@ class ModelRunner:
 
     def _pick_tokens(self, logits: torch.Tensor, items: list[BatchItem]) -> torch.Tensor:
         """The next token of each item from its logits row (``logits`` [B, vocab]), as a device tensor [B]: greedy
-        rows by an argmax on the device (nothing waits for it), sampled rows drawn on the host (``_draw``), their
-        logits read back in one copy and their tokens written back in one (not a wait a row each way)."""
+        rows by an argmax on the device (nothing waits for it), sampled rows drawn over them (``_draw_sampled``)."""
         tokens = logits.argmax(-1)
+        self._draw_sampled(logits, items, tokens)
+        return tokens
+
+    def _draw_sampled(self, logits: torch.Tensor, items: list[BatchItem], tokens: torch.Tensor) -> bool:
+        """The tokens of the items that sample (temperature above 0) drawn on the host (``_draw``) and written over
+        their rows of ``tokens`` (device [B]), their logits read back in one copy and their tokens written back in
+        one (not a wait a row each way); whether there were any."""
         drawn = [r for r, it in enumerate(items) if it.request.params.temperature != 0]
         if not drawn:
-            return tokens
+            return False
         index = upload(torch.tensor(drawn), logits.device)
         rows = logits.index_select(0, index).float().cpu()
         picked = [_draw(row, items[r].request.params, items[r].start + items[r].length) for r, row in zip(drawn, rows)]
-        return tokens.index_copy_(0, index, upload(torch.tensor(picked, dtype=tokens.dtype), tokens.device))
+        tokens.index_copy_(0, index, upload(torch.tensor(picked, dtype=tokens.dtype), tokens.device))
+        return True
 
 
 def decode_step_rows(batch: int, known: list[tuple[str, int, int, int]]) -> Callable[[list[int], int, int], list[dict]]:
@@ -404,13 +440,13 @@ _EARLY_ROWS = 16  # digest rows opened at a time for the work queued before a fo
 def step_digests(states: StateStorage, inputs: torch.Tensor, table: torch.Tensor, logits: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The slot ledger's digests of a decode step on CUDA, device work alone (``DecodeGraphs(after=)`` captures it
-    with the step): lanes [2, B, 2] int64 of each sequence's state after the step (``StateStorage.step_lanes`` at
-    position + 1) and of the page-table row the step read (``table`` row b cut to the sequence's page count), and
-    the logits' checks [B]. ``inputs``: the step's [4, B] long (``step_inputs`` with the page counts)."""
+    with the step): the logits' checks [B], and lanes [2B, 2] int64: of each sequence's state after the step
+    (``StateStorage.step_lanes`` at position + 1), then of the page-table row each read (``table`` row b cut to the
+    sequence's page count). ``inputs``: the step's [4, B] long (``step_inputs`` with the page counts)."""
     slots, positions, counts = inputs[0], inputs[1], inputs[3]
     state = states.step_lanes(slots.to(torch.int32), (positions + 1).to(torch.int32))
     read = rows_lanes(table, counts.to(torch.int32))
-    return torch.stack([state, read]), _logits_checks(logits)
+    return _logits_checks(logits), torch.cat([state, read])
 
 
 def _logits_checks(logits: torch.Tensor) -> torch.Tensor:

@@ -230,14 +230,20 @@ class DecodeGraphs:
     A replay reads and writes the pools like the eager step and reads the page-table rows when the copy
     runs (stale ones included). ``max_graphs`` bounds the sizes kept; further sizes run eagerly.
 
+    A step also picks each sequence's greedy token on the device and stores it as its slot's next token (a sampled
+    sequence's token is the caller's to draw and store over it), and returns its results as one block laid out as a
+    batch's results rows (``runner.Batch``): row b the greedy token of sequence b and its logits' check (0 without
+    ``after``), then ``after``'s rows; one copy moves a step's results where the batch reads them.
+
     ``after(inputs, page_table, logits)``: more device work run with each step and captured in its graph (the
-    ledger's digests of what the step wrote and read: ``runner.ModelRunner``), returning a tuple of tensors.
-    ``inputs`` is the step's uploaded ``[4, B]`` long tensor: ``step_inputs``' three rows and a fourth, the
-    ``extra`` ints each call passes; ``page_table`` the rows the step read. Graph-capturable like the step."""
+    ledger's digests of what the step wrote and read: ``runner.ModelRunner``), returning the logits' checks [B]
+    int64 and rows [k, 2] int64 for the block. ``inputs`` is the step's uploaded ``[4, B]`` long tensor:
+    ``step_inputs``' three rows and a fourth, the ``extra`` ints each call passes; ``page_table`` the rows the step
+    read. Graph-capturable like the step."""
 
     def __init__(self, model: DecodeModel, pools: Pools, next_token: torch.Tensor, *, max_graphs: int = 16,
-                 after: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] | None = None
-                 ) -> None:
+                 after: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+                 = None) -> None:
         self.model, self.pools, self.next_token, self.max_graphs = model, pools, next_token, max_graphs
         self.after = after
         self._graphs: dict[int, tuple] = {}
@@ -251,9 +257,10 @@ class DecodeGraphs:
 
     @torch.no_grad()
     def __call__(self, slots: list[int], positions: list[int], page_table: torch.Tensor,
-                 extra: list[int] | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Logits [B, vocab] of one step and ``after``'s outputs (``()`` without it; static buffers when replayed:
-        read them before the next step of B). ``extra``: B ints for ``after`` (required with it)."""
+                 extra: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, vocab] of one step and its results block [B + k, 2] int64 (the class's docstring; static
+        buffers when replayed: read them before the next step of B). ``extra``: B ints for ``after`` (required
+        with it)."""
         n = len(slots)
         if self.after is not None and (extra is None or len(extra) != n):
             raise ValueError(f"DecodeGraphs(after=...) needs one extra int per sequence; got {extra!r} for {n}")
@@ -272,12 +279,16 @@ class DecodeGraphs:
         self._seen.add(n)
         return self._step(inputs, page_table)
 
-    def _step(self, inputs: torch.Tensor, page_table: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def _step(self, inputs: torch.Tensor, page_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = _decode(self.model, self.pools, self.next_token, inputs[:3], page_table, by_slot=True)
-        return logits, (() if self.after is None else tuple(self.after(inputs, page_table, logits)))
+        greedy = logits.argmax(-1)
+        self.next_token.index_copy_(0, inputs[0], greedy)
+        if self.after is None:
+            return logits, torch.stack([greedy, torch.zeros_like(greedy)], 1)
+        checks, rows = self.after(inputs, page_table, logits)
+        return logits, torch.cat([torch.stack([greedy, checks], 1), rows])
 
-    def _capture(self, n: int, inputs: torch.Tensor, page_table: torch.Tensor
-                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    def _capture(self, n: int, inputs: torch.Tensor, page_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         static_inputs, static_table = inputs.clone(), page_table.clone()
         graph = torch.cuda.CUDAGraph()
         torch.cuda.current_stream().synchronize()  # capture runs on a side stream: the inputs must be there

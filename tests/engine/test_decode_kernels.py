@@ -7,14 +7,18 @@ import random
 import pytest
 
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
+from mini_engine.model.decode import DecodeGraphs
 from mini_engine.ops.decode_rows.gdn_step import gdn_step
 
 
-def _conversation(config: EngineConfig, model, rows=None) -> list[list[int]]:
-    """A prompt that decodes across a 64-boundary, then a follow-up turn and a repeat that hit."""
+def _conversation(config: EngineConfig, model, rows=None, prepare=None) -> list[list[int]]:
+    """A prompt that decodes across a 64-boundary, then a follow-up turn and a repeat that hit (and a sampled
+    request beside them). ``prepare(engine)``: called before anything is submitted."""
     rng = random.Random(3)
     prompt = [rng.randrange(256) for _ in range(58)]
     engine = Engine(config, model=model, sink=rows.append if rows is not None else None)
+    if prepare is not None:
+        prepare(engine)
     first = engine.submit(prompt, SamplingParams(max_tokens=8))
     engine.run()
     reply = engine.result(first).output_ids
@@ -46,6 +50,33 @@ def test_triton_decode_gives_the_reference_tokens(runs, overlap):
     hits = [r for r in rows if r["type"] == "restore"]
     writes = [r for r in rows if r["type"] == "slot_write"]
     assert hits and len(writes) >= sum(map(len, got)), "every decode step is in the ledger"
+
+
+def test_the_graphed_decodes_results_are_the_eager_decodes(runs, tiny_model):
+    """The decode path a CUDA graph takes (``ModelRunner._decode_graphed``: the step picks the greedy tokens and
+    stores them as the slots' next tokens, a sampled item's token is drawn over its row, and the step's results
+    block reaches the batch's rows in one copy, or row by row when prefill items come first), run here through
+    ``DecodeGraphs``' eager step (no graph kept), under overlap: the tokens of the eager decode, both ways of copying
+    taken (a long prompt submitted first still prefills, first in its batches, while the conversation's first turn
+    decodes)."""
+    taken = []
+
+    def prepare(engine):
+        rng = random.Random(8)
+        engine.submit([rng.randrange(256) for _ in range(300)], SamplingParams(max_tokens=1))
+        runner = engine.runner
+        runner.graphs = DecodeGraphs(runner.decode_model, runner.pools, runner.states.next_token, max_graphs=0)
+        graphed = runner._decode_graphed
+
+        def spy(batch, indices, items, table, counts):
+            taken.append(indices == list(range(len(items))))
+            graphed(batch, indices, items, table, counts)
+
+        runner._decode_graphed = spy
+
+    config = EngineConfig(overlap=True, max_context=512, decode_kernels="triton")
+    assert _conversation(config, tiny_model, prepare=prepare) == runs[True][1]
+    assert True in taken and False in taken, "one copy of a step's block, and rows copied to their places"
 
 
 def test_a_decode_steps_rows_are_the_reference_decodes_rows(runs, tiny_model):

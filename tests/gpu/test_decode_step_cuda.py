@@ -25,7 +25,8 @@ def setup():
                                                          ("bfloat16", "triton", True)])
 def test_graph_replays_give_the_eager_steps_bits(dtype, gemm, dependent):
     """Four steps through ``DecodeGraphs`` (eager, capture, replay, replay) against four eager steps on a copy
-    of the pools (running copies included): the same logits bit for bit at every step, and the same pools after.
+    of the pools (running copies included): the same logits bit for bit at every step (and the greedy tokens the
+    graph picks and stores), and the same pools after.
     With ``dependent`` the graphed steps launch their Triton kernels as programmatic dependent launches
     (``ops.pdl``; the Triton gemms' too in bfloat16) and the eager ones do not: each kernel waits for the one
     before it, so the bits are the same."""
@@ -56,8 +57,10 @@ def test_graph_replays_give_the_eager_steps_bits(dtype, gemm, dependent):
         tokens = torch.randint(0, model.config.vocab_size, (len(slots),), generator=gen).cuda()
         want = decode_step(fused, eager, tokens, slots, positions, table)
         states.next_token[torch.tensor(slots, device="cuda")] = tokens
-        got, _ = runner(slots, positions, table)
+        got, results = runner(slots, positions, table)
         assert torch.equal(got, want), f"step {step}"
+        greedy = want.argmax(-1)  # picked in the graph too, and stored as the slots' next tokens
+        assert torch.equal(results[:, 0], greedy) and torch.equal(states.next_token[slots], greedy), f"step {step}"
     assert (runner.captures, runner.replays) == (1, steps - 1)
     for name, a, b in zip(Pools._fields, graphed, eager):
         assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink: what lands there is nobody's

@@ -114,10 +114,11 @@ def _prefilled(model, device, steps: int) -> tuple[StateStorage, Pools, torch.Te
 
 def check_step_digests(model, device, steps: int) -> None:
     """``DecodeGraphs(after=runner.step_digests)``, the slot ledger's digests of each decode step computed with it
-    (on a GPU captured in its graph and replayed): at every step the digests of the state each slot was left with,
-    of the page-table row the step read cut to the sequence's page count, and the logits' checks equal the
-    reference digests of those bytes. ``after`` gets the step's inputs with the page counts as a fourth row, and a
-    call without them is refused before anything runs."""
+    (on a GPU captured in its graph and replayed): at every step the results block holds each sequence's greedy
+    token (also its slot's next token) and its logits' check, then the digests of the state each slot was left
+    with and of the page-table row the step read cut to the sequence's page count, each the reference digest of
+    those bytes. ``after`` gets the step's inputs with the page counts as a fourth row, and a call without them is
+    refused before anything runs."""
     from mini_engine.engine.runner import _CHECK_MASK, step_digests
     from mini_engine.model.decode import DecodeGraphs
     from mini_engine.ops.checksum import slot_checksum
@@ -137,10 +138,15 @@ def check_step_digests(model, device, steps: int) -> None:
         graphs(list(SLOTS), list(LENGTHS), table)
     for step in range(steps):
         positions = [n + step for n in LENGTHS]
-        logits, (lanes, checks) = graphs(list(SLOTS), positions, table, counts)
-        assert digests(lanes[0]) == [slot_checksum(states.slot_bytes(s, n + 1).cpu()) for s, n in zip(SLOTS, positions)]
-        assert digests(lanes[1]) == [slot_checksum(row[:c]) for row, c in zip(table.cpu(), counts)]
-        assert checks.tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()], step
+        logits, results = graphs(list(SLOTS), positions, table, counts)
+        n = len(SLOTS)
+        assert results.shape == (3 * n, 2) and results.dtype == torch.long
+        greedy = logits.argmax(-1)
+        assert torch.equal(results[:n, 0], greedy) and torch.equal(states.next_token[list(SLOTS)], greedy), step
+        assert results[:n, 1].tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()], step
+        assert digests(results[n: 2 * n]) == [slot_checksum(states.slot_bytes(s, p + 1).cpu())
+                                              for s, p in zip(SLOTS, positions)]
+        assert digests(results[2 * n:]) == [slot_checksum(row[:c]) for row, c in zip(table.cpu(), counts)]
     assert seen and all(s.tolist() == counts for s in seen), "the page counts as the fourth row"
 
 
@@ -218,7 +224,8 @@ def test_bad_slots_are_refused(tiny_model):
 
 def test_a_step_reading_its_tokens_from_the_slot_pool_gets_the_same_bits(setup, tiny_model):
     """``DecodeGraphs``' first step of a size runs eagerly and reads each sequence's token from the per-slot pool in
-    the prologue (no gather launch): the logits and pools are ``decode_step``'s on the same tokens, bit for bit."""
+    the prologue (no gather launch): the logits and pools are ``decode_step``'s on the same tokens, bit for bit, and
+    the greedy tokens it picked are in its results and the pool."""
     from mini_engine.model.decode import DecodeGraphs
 
     _, _, tables, before, _, _, _ = setup
@@ -228,8 +235,12 @@ def test_a_step_reading_its_tokens_from_the_slot_pool_gets_the_same_bits(setup, 
     fused = DecodeModel(tiny_model)
     given, pooled = (Pools(*(t.clone() for t in before)) for _ in range(2))
     want = decode_step(fused, given, pool[list(SLOTS)], list(SLOTS), list(LENGTHS), table)
-    got, extras = DecodeGraphs(fused, pooled, pool)(list(SLOTS), list(LENGTHS), table)
-    assert torch.equal(got, want) and extras == ()
+    got, results = DecodeGraphs(fused, pooled, pool)(list(SLOTS), list(LENGTHS), table)
+    assert torch.equal(got, want)
+    # without ``after`` the results block is the greedy tokens (stored as the slots' next tokens) and zero checks
+    greedy = want.argmax(-1)
+    assert torch.equal(results, torch.stack([greedy, torch.zeros_like(greedy)], 1))
+    assert torch.equal(pool[list(SLOTS)], greedy)
     for name, a, b in zip(Pools._fields, pooled[:5], given[:5]):
         assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink
     with pytest.raises(ValueError, match="page table has 1 columns"):
