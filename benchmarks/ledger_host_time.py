@@ -42,7 +42,7 @@ TIMED = [
     ("mini_engine.engine.runner", "ModelRunner._report_step"),
     ("mini_engine.engine.runner", "ModelRunner._report_writes"),
     ("mini_engine.engine.runner", "ModelRunner._snapshot_checksums"),
-    ("mini_engine.engine.runner", "_logits_checks"),
+    ("mini_engine.engine.step_ledger", "logits_checks"),
     ("mini_engine.engine.storage", "StateStorage.step_checksums"),
     ("mini_engine.engine.storage", "StateStorage.checksums"),
     ("mini_engine.engine.storage", "StateStorage.copy_witnessed"),

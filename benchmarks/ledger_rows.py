@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from mini_engine.engine.runner import decode_step_rows
+from mini_engine.engine.step_ledger import decode_step_rows
 from mini_engine.instrument import Instrumentation
 from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests, on_host
 

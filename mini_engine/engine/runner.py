@@ -8,7 +8,6 @@ donation still names the slot ids it was built with, exactly as a real engine's 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +17,7 @@ from mini_engine.device import Device, Event, Stream, upload
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request, SamplingParams
+from mini_engine.engine.step_ledger import decode_step_rows, live_write, logits_checks, metadata_read, step_digests
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation
 from mini_engine.model import HybridModel, SequenceState
@@ -26,11 +26,11 @@ from mini_engine.model.hybrid import MediaRows
 from mini_engine.model.media import media_features
 from mini_engine.model.state import Snapshot
 from mini_engine.ops import pdl
-from mini_engine.ops.checksum import checksum_ints, row_checksums
-from mini_engine.ops.checksum.deferred import DeviceDigests, DigestRows, rows_lanes
+from mini_engine.ops.checksum import checksum_ints
+from mini_engine.ops.checksum.deferred import DeviceDigests, DigestRows
 from mini_engine.ops.checksum.memo import DigestCache
 
-__all__ = ["Batch", "BatchItem", "ModelRunner", "step_digests"]
+__all__ = ["Batch", "BatchItem", "ModelRunner"]
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ class ModelRunner:
             return
         with self.events.timing():  # the forward's checksums together (each item wrote its own slots)
             if sampled:
-                batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits).to(batch.sampled.device))
+                batch.sampled[:, 1].index_copy_(0, rows, logits_checks(logits).to(batch.sampled.device))
             written = self.states.step_checksums([it.live_slot for it in items],
                                                  [it.start + it.length for it in items], into=batch.digests)
             snapshots = iter(self._snapshot_checksums([it for it, wrote in zip(items, wrote_track) if wrote],
@@ -319,7 +319,7 @@ class ModelRunner:
         batch's digest rows (they land with its tokens); on the sim host ints."""
         slots, lengths = [it.live_slot for it in items], [it.start + 1 for it in items]
         if not logits.is_cuda:
-            batch.sampled[:, 1].index_copy_(0, rows, _logits_checks(logits))
+            batch.sampled[:, 1].index_copy_(0, rows, logits_checks(logits))
             return [*self.states.step_checksums(slots, lengths),
                     *(checksum_ints(row[: len(it.pages)].tolist()) for it, row in zip(items, table))]
         host = step_inputs(slots, [it.start for it in items], counts)
@@ -355,11 +355,11 @@ class ModelRunner:
         (``ops.checksum.deferred``)."""
         with self.events.timing():
             rid = it.request.rid
-            self.events.emit("slot_write", **_live_write(batch, rid, it.live_slot, it.start + it.length, written))
+            self.events.emit("slot_write", **live_write(batch, rid, it.live_slot, it.start + it.length, written))
             if snapshot is not None:
                 self._report_snapshot(batch, it, snapshot)
             if it.tokens is None:
-                self.events.emit("decode_metadata", **_metadata_read(batch, rid, read, self._staged_digest(it.pages)))
+                self.events.emit("decode_metadata", **metadata_read(batch, rid, read, self._staged_digest(it.pages)))
 
     def _staged_digest(self, pages: tuple[int, ...]) -> int:
         """The checksum of a staged page table (a host computation, kept: ``_staged_digests``)."""
@@ -391,35 +391,6 @@ class ModelRunner:
         return True
 
 
-def decode_step_rows(batch: int, known: list[tuple[str, int, int, int]]) -> Callable[[list[int], int, int], list[dict]]:
-    """The builder of a decode step's ledger rows for ``Instrumentation.emit_rows``: ``known`` is per sequence
-    (rid, live slot, position after the step, staged page-table digest); the digests are the B states' then the B
-    page tables' read. The rows of ``_live_write`` and ``_metadata_read``, written out: one dict a row."""
-    n = len(known)
-
-    def rows(digests: list[int], step: int, seq: int) -> list[dict]:
-        made = []
-        for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
-            made.append({"type": "slot_write", "step": step, "seq": seq, "batch": batch, "rid": rid, "slot": slot,
-                         "role": "live", "position": position, "checksum": written})
-            made.append({"type": "decode_metadata", "step": step, "seq": seq + 1, "batch": batch, "rid": rid,
-                         "read_checksum": read, "staged_checksum": staged, "match": read == staged})
-            seq += 2
-        return made
-
-    return rows
-
-
-def _live_write(batch: int, rid: str, slot: int, position: int, checksum) -> dict:
-    """A ``slot_write`` row's fields: the checksum of the state a forward left in a live slot (both decode paths)."""
-    return {"batch": batch, "rid": rid, "slot": slot, "role": "live", "position": position, "checksum": checksum}
-
-
-def _metadata_read(batch: int, rid: str, read: int, staged: int) -> dict:
-    """A ``decode_metadata`` row's fields: the page table a decode step read against the one staged for it."""
-    return {"batch": batch, "rid": rid, "read_checksum": read, "staged_checksum": staged, "match": read == staged}
-
-
 def _draw(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     """A token drawn from a host float32 logits row at ``params.temperature``, seeded by the request's seed and the
     position: the same token on any device and in any batch."""
@@ -430,34 +401,8 @@ def _draw(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
-_CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor element
-
-
 _STAGED_DIGESTS = 4096  # staged page tables whose checksums the runner remembers
 _EARLY_ROWS = 16  # digest rows opened at a time for the work queued before a forward (eight restores)
-
-
-def step_digests(states: StateStorage, inputs: torch.Tensor, table: torch.Tensor, logits: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slot ledger's digests of a decode step on CUDA, device work alone (``DecodeGraphs(after=)`` captures it
-    with the step): the logits' checks [B], and lanes [2B, 2] int64: of each sequence's state after the step
-    (``StateStorage.step_lanes`` at position + 1), then of the page-table row each read (``table`` row b cut to the
-    sequence's page count). ``inputs``: the step's [4, B] long (``step_inputs`` with the page counts)."""
-    slots, positions, counts = inputs[0], inputs[1], inputs[3]
-    state = states.step_lanes(slots.to(torch.int32), (positions + 1).to(torch.int32))
-    read = rows_lanes(table, counts.to(torch.int32))
-    return _logits_checks(logits), torch.cat([state, read])
-
-
-def _logits_checks(logits: torch.Tensor) -> torch.Tensor:
-    """The 63-bit checks [B] (int64) of the exact logits [B, vocab] tokens were sampled from: on CUDA
-    computed on the device (one or two launches), into the batch's device results without a host round trip; on the
-    CPU the rows' digests in one pass (``row_checksums``)."""
-    if logits.is_cuda:
-        from mini_engine.ops.checksum.triton import row_digests
-
-        return row_digests(logits, drop_sign=True)
-    return torch.tensor([check & _CHECK_MASK for check in row_checksums(logits)], dtype=torch.long)
 
 
 def _media_rows(item: BatchItem) -> MediaRows | None:

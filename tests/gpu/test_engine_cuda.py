@@ -154,7 +154,7 @@ def test_device_checksums_are_the_reference_digests():
     import torch
 
     from mini_engine.device.cuda import CudaDevice
-    from mini_engine.engine.runner import _CHECK_MASK, _logits_checks
+    from mini_engine.engine.step_ledger import CHECK_MASK, logits_checks
     from mini_engine.engine.storage import StateStorage
     from mini_engine.ops.checksum import slot_checksum
     from mini_engine.ops.checksum.deferred import DeviceDigest, DigestRows
@@ -186,7 +186,7 @@ def test_device_checksums_are_the_reference_digests():
     assert DeviceDigest.resolve_all(into) == [*want, want[0], want[0]]
     for vocab in (259, 20_000):  # rows of one chunk (one launch) and of three (two launches)
         logits = torch.randn(3, vocab, generator=gen, device="cuda")
-        assert _logits_checks(logits).tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()]
+        assert logits_checks(logits).tolist() == [slot_checksum(row) & CHECK_MASK for row in logits.cpu()]
 
 
 def test_landed_digests_are_read_without_waiting_for_work_queued_after_them():

@@ -119,7 +119,7 @@ def check_step_digests(model, device, steps: int) -> None:
     with and of the page-table row the step read cut to the sequence's page count, each the reference digest of
     those bytes. ``after`` gets the step's inputs with the page counts as a fourth row, and a call without them is
     refused before anything runs."""
-    from mini_engine.engine.runner import _CHECK_MASK, step_digests
+    from mini_engine.engine.step_ledger import CHECK_MASK, step_digests
     from mini_engine.model.decode import DecodeGraphs
     from mini_engine.ops.checksum import slot_checksum
     from mini_engine.ops.checksum.triton import digests
@@ -143,7 +143,7 @@ def check_step_digests(model, device, steps: int) -> None:
         assert results.shape == (3 * n, 2) and results.dtype == torch.long
         greedy = logits.argmax(-1)
         assert torch.equal(results[:n, 0], greedy) and torch.equal(states.next_token[list(SLOTS)], greedy), step
-        assert results[:n, 1].tolist() == [slot_checksum(row) & _CHECK_MASK for row in logits.cpu()], step
+        assert results[:n, 1].tolist() == [slot_checksum(row) & CHECK_MASK for row in logits.cpu()], step
         assert digests(results[n: 2 * n]) == [slot_checksum(states.slot_bytes(s, p + 1).cpu())
                                               for s, p in zip(SLOTS, positions)]
         assert digests(results[2 * n:]) == [slot_checksum(row[:c]) for row, c in zip(table.cpu(), counts)]
