@@ -17,7 +17,7 @@ per shape (and summed over a step, times the layers that have it):
   cost was about 3 us on an H100, session 12); ``tma+pdl+pf``: those asking the L2 for their weight rows before
   their wait, their first two pipeline stages or all of it (``GemmConfig.prefetch``: the next gemm's bytes start
   coming while the one before still runs; not among the engine's candidates: all of it was faster here, slower
-  in the engine's step, session 21). The swapped splits run
+  in the engine's step, session 21; the first two stages slower there too, session 22). The swapped splits run
   also with their parts added by each tile's last program in the same launch (``fused_sum``; "k/4+" in the
   table), not by a second launch, which costs a kernel's fixed cost. Which configuration won is printed.
 

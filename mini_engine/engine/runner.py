@@ -247,7 +247,7 @@ class ModelRunner:
         positions = [it.start for it in items]
         counts = [len(it.pages) for it in items]  # each table row's pages (the ledger digests the row cut there)
         if self.graphs is not None:
-            self._decode_graphed(batch, indices, items, table, counts)
+            self._decode_graphed(batch, indices, items, slots, positions, table, counts)
         else:
             device = self.states.next_token.device
             slot_ids = upload(torch.tensor(slots), device)
@@ -263,16 +263,16 @@ class ModelRunner:
                                                                                  logits))
         self._decode_snapshots(batch, items)
 
-    def _decode_graphed(self, batch: Batch, indices: list[int], items: list[BatchItem], table: torch.Tensor,
-                        counts: list[int]) -> None:
+    def _decode_graphed(self, batch: Batch, indices: list[int], items: list[BatchItem], slots: list[int],
+                        positions: list[int], table: torch.Tensor, counts: list[int]) -> None:
         """``_decode_in_place`` through the step's CUDA graph, which also picks the greedy tokens, stores them as
         the slots' next tokens and lays its results out as the batch's results rows (``DecodeGraphs``; with a sink
         the logits' checks and the ledger's digests too, ``step_digests``): a sampled item's token drawn over its
         row, then one copy where the batch reads them (the items the batch's first and no digest rows taken yet,
         as in a batch of decode items alone), or a copy of the rows to their places."""
-        n, slots = len(items), [it.live_slot for it in items]
+        n = len(items)
         ledger = self.graphs.after is not None
-        logits, out = self.graphs(slots, [it.start for it in items], table, counts if ledger else None)
+        logits, out = self.graphs(slots, positions, table, counts if ledger else None)
         if self._draw_sampled(logits, items, out[:n, 0]):  # over the greedy tokens the graph stored
             device = self.states.next_token.device
             self.states.next_token.index_copy_(0, upload(torch.tensor(slots), device), out[:n, 0])
@@ -287,7 +287,7 @@ class ModelRunner:
                 rows.copy_(out[n:])
         if ledger:
             with self.events.timing():
-                self.states.count_step([it.start + 1 for it in items])
+                self.states.count_step([p + 1 for p in positions])
                 self._report_step(batch.index, items, digests.all_of(first, 2 * n))
 
     def _decode_snapshots(self, batch: Batch, items: list[BatchItem]) -> None:

@@ -23,8 +23,8 @@ engine's decode step with those choices ran 4-5 % slower at batch 1 (797-810 aga
 alternating rounds in two calls; the head's choice ruled out). What it costs in the step (its programs resident and
 waiting beside the kernel before, its early reads against that kernel's) is not measured. Those runs asked for
 each program's whole part of its rows; ``prefetch`` is a number of columns, so a launch may ask for only its first
-pipeline stages (the first loads' latency covered, a fraction of the bytes in flight ahead of the kernel before).
-``decode_gemms.py`` times both beside their twin.
+pipeline stages: the first two (``2 * block_k``) on the same two weights lost too, by less (823-827 against 831-832
+tok/s, session 22). ``decode_gemms.py`` times both beside their twin.
 
 Which is faster depends on the weight's shape and the device, so ``choose`` times both, and a few
 Triton configurations, on the device for one weight, in a CUDA graph as a step runs them, and returns
