@@ -59,6 +59,7 @@ class StateStorage:
         self._layouts = (pool_words(self.conv, partial=False), pool_words(self.rec, partial=False),
                          pool_words(self.pending, partial=True))
         self._copier = None  # ``copy_witnessed``'s on CUDA (``state_triton.StateCopier``), made at its first copy
+        self._digesters = {}  # the state digests' on CUDA (``state_triton.StateDigester``), with or without the memo
 
     def forget_memos(self, slot: int, *, digests: bool = True) -> None:
         """The slot's bytes were written by something other than a decode step: its memos are stale (the decode
@@ -169,10 +170,13 @@ class StateStorage:
 
     def _lanes(self, slots: torch.Tensor, lengths: torch.Tensor, memo: StateMemo | None,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        from mini_engine.ops.checksum.state_triton import state_lanes
+        digester = self._digesters.get(memo is not None)
+        if digester is None:
+            from mini_engine.ops.checksum.state_triton import StateDigester
 
-        return state_lanes(conv=self.conv, rec=self.rec, pending=self.pending, slots=slots, lengths=lengths,
-                           layouts=self._layouts, memo=memo, out=out)
+            digester = self._digesters[memo is not None] = StateDigester(
+                conv=self.conv, rec=self.rec, pending=self.pending, layouts=self._layouts, memo=memo)
+        return digester(slots, lengths, out=out)
 
     def count_hashed(self, lengths: list[int]) -> None:
         """Add the bytes of states of ``lengths`` tokens read back whole to ``hashed_bytes``."""

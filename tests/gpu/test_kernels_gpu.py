@@ -16,6 +16,7 @@ from tests.unit.kernel_support import (
     check_linear,
     check_paged_decode,
     check_paged_prefill,
+    check_row_digests,
     check_slot_checksums,
     check_state_copy,
     check_state_digest,
@@ -69,6 +70,13 @@ def test_paged_decode(dtype, shape, keys_per_split):
 def test_slot_checksums(shape, dtype):
     """Digests of many slots in one launch equal the reference bit for bit, whole and cut to rows."""
     check_slot_checksums(shape=shape, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("width", [259, 8192, 3 * 8192 + 5, 248320])
+def test_row_digests(width):
+    """The logits check of each row equals its reference digest, launched compiled from the second call on, and
+    from a row past a 16-byte boundary; up to Qwen3.5's vocabulary."""
+    check_row_digests(device="cuda", width=width)
 
 
 def test_state_digest():

@@ -17,8 +17,8 @@ from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefi
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.memo import StateMemo
-from mini_engine.ops.checksum.state_triton import StateCopier, copy_state_lanes, state_lanes
-from mini_engine.ops.checksum.triton import digests, slot_checksums
+from mini_engine.ops.checksum.state_triton import StateCopier, StateDigester, copy_state_lanes, state_lanes
+from mini_engine.ops.checksum.triton import CHUNK, digests, row_digests, slot_checksums
 from mini_engine.ops.linear import linear as reference_linear
 from mini_engine.ops.linear.triton import linear
 from mini_engine.ops.slot_copy import copy_slots as reference_copy_slots
@@ -220,21 +220,42 @@ def engine_state_pools(*, n_slots, layers, conv, rec, width, device, seed=0):
 
 def check_state_digest(*, device, **shapes) -> None:
     """conv | rec | pending rows (token order) of each slot, digested as segments in one launch, equal the digest of
-    its bytes (``state_bytes``): a slot listed twice, at a chunk's start, with 63 rows and a few."""
+    its bytes (``state_bytes``): a slot listed twice, at a chunk's start, with 63 rows and a few. A ``StateDigester``
+    launches its compiled kernels from its second call on (on a GPU): again, for fewer slots from an index 4 bytes
+    past a 16-byte boundary, into rows of a batch's results."""
     conv, rec, pending = engine_state_pools(device=device, **shapes)
     slots = torch.tensor([3, 1, 3], dtype=torch.int32, device=device)
     lengths = torch.tensor([128, 63, 81], dtype=torch.int32, device=device)
     lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=slots, lengths=lengths)
     want = _read_back(conv, rec, pending, slots.tolist(), lengths.tolist())
     assert digests(lanes) == want
+    digest = StateDigester(conv=conv, rec=rec, pending=pending)
+    assert digests(digest(slots, lengths)) == digests(digest(slots, lengths)) == want
     # into rows of a batch's results (``DigestRows``), read back whole or through a fresh memo, rows around untouched
     results = torch.zeros((8, 2), dtype=torch.int64, device=device)
-    state_lanes(conv=conv, rec=rec, pending=pending, slots=slots[1:], lengths=lengths[1:], out=results[1:3])
-    memo = StateMemo(conv.shape[0], conv.device)
-    state_lanes(conv=conv, rec=rec, pending=pending, slots=slots[:2], lengths=lengths[:2], memo=memo, out=results[4:6])
+    digest(slots[1:], lengths[1:], out=results[1:3])
+    tracked = StateDigester(conv=conv, rec=rec, pending=pending, memo=StateMemo(conv.shape[0], conv.device))
+    tracked(slots[:2], lengths[:2], out=results[4:6])
     assert digests(results) == [0, *want[1:], 0, *want[:2], 0, 0]
+    assert digests(tracked(slots[1:2], lengths[1:2])) == want[1:2]  # the memo's now, compiled: the same digest
     with pytest.raises(ValueError, match=r"out must be int64 \[2, 2\]"):
         state_lanes(conv=conv, rec=rec, pending=pending, slots=slots[1:], lengths=lengths[1:], out=results[:3])
+
+
+def check_row_digests(*, device, width) -> None:
+    """``row_digests`` (the logits check): each row's ``slot_checksum`` as an int64 bit pattern, rows of one chunk
+    (one launch) and of several (partial lanes joined by a second launch), float32 and int32 rows with the sign bit
+    set; ``drop_sign`` clears the top bit alone. Each table twice (on a GPU the second launch is the compiled
+    kernel's), then from its second row (past a 16-byte boundary for most widths: a compiled kernel of its own)."""
+    assert CHUNK == 8192, "the widths straddle one chunk"
+    gen = torch.Generator().manual_seed(width)
+    floats = torch.randn(3, width, generator=gen).to(device)
+    ints = torch.randint(-(2**31), 2**31 - 1, (2, width), generator=gen, dtype=torch.int32).to(device)
+    for table in (floats, ints):
+        want = [slot_checksum(row.cpu()) for row in table]
+        for rows, expected in ((table, want), (table, want), (table[1:], want[1:])):
+            assert [v & ((1 << 64) - 1) for v in row_digests(rows).tolist()] == expected
+            assert row_digests(rows, drop_sign=True).tolist() == [w & ((1 << 63) - 1) for w in expected]
 
 
 def _read_back(conv, rec, pending, slots, lengths) -> list[int]:
@@ -265,11 +286,12 @@ def check_state_memo(*, device, **shapes) -> None:
             write(pending, (slot, slice(None), n % 64))
         lengths[slot] = n + 1
 
+    tracked = StateDigester(conv=conv, rec=rec, pending=pending, memo=memo)  # compiled from its second call (GPU)
+
     def digest():
         slots = list(lengths)
         before = int(memo.hashed)
-        lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=torch.tensor(slots, device=device),
-                            lengths=torch.tensor([lengths[s] for s in slots], device=device), memo=memo)
+        lanes = tracked(torch.tensor(slots, device=device), torch.tensor([lengths[s] for s in slots], device=device))
         on_host = [host.host_digest(conv[s].cpu(), rec[s].cpu(), pending[s].cpu(), s, lengths[s]) for s in slots]
         want = _read_back(conv, rec, pending, slots, [lengths[s] for s in slots])
         assert digests(lanes) == on_host == want, lengths
@@ -291,13 +313,11 @@ def check_state_memo(*, device, **shapes) -> None:
         if step in (2, 3):
             assert read == 2 * (word_bytes["conv"] + word_bytes["row"]), "within a chunk: conv and the new row"
     write(rec, 1)  # a write that bypasses the memo: the read-back digest sees it, the memo's does not ...
-    lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=torch.tensor([1], device=device),
-                        lengths=torch.tensor([lengths[1]], device=device), memo=memo)
+    lanes = tracked(torch.tensor([1], device=device), torch.tensor([lengths[1]], device=device))
     assert digests(lanes) != _read_back(conv, rec, pending, [1], [lengths[1]])
     while lengths[1] % 64:  # ... until the slot's next chunk
         decode(1)
-    lanes = state_lanes(conv=conv, rec=rec, pending=pending, slots=torch.tensor([1], device=device),
-                        lengths=torch.tensor([lengths[1]], device=device), memo=memo)
+    lanes = tracked(torch.tensor([1], device=device), torch.tensor([lengths[1]], device=device))
     assert digests(lanes) == _read_back(conv, rec, pending, [1], [lengths[1]])
 
 

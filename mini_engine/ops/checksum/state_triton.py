@@ -10,6 +10,11 @@ With a memo (``memo.StateMemo``) a second launch finishes each digest: the lanes
 memo covers come from the memo, the first launch having skipped them, and the memo takes the new state. Both
 launches read the memo's length of the slot the same way (``_known_rows``), so they agree on what was skipped.
 
+A ``StateDigester`` is ``state_lanes`` bound to one set of pools (a ``StateStorage``'s): its launches go through the
+compiled kernels from the second on (``ops.launch.Launcher``), the index and output pointers that vary between
+calls being left unspecialised (``do_not_specialize_on_alignment``: a slot is one load a program, the memo's pass a
+few words, so nothing is lost by not assuming them aligned).
+
 ``copy_state_lanes`` is a ledger's restore or clone in one launch: each program digests one chunk of the source,
 copies it and digests the destination's chunk as the copy left it, both digests summed like ``state_lanes``'.
 """
@@ -27,7 +32,7 @@ from mini_engine.ops.checksum.triton import BLOCK, CHUNK, _chunk_lanes
 from mini_engine.ops.launch import Launcher
 from mini_engine.ops.slot_layout import PoolWords, pool_words
 
-__all__ = ["StateCopier", "copy_state_lanes", "state_lanes"]
+__all__ = ["StateCopier", "StateDigester", "copy_state_lanes", "state_lanes"]
 
 
 @triton.jit
@@ -61,7 +66,7 @@ def _segment(b, slot, conv_ptr, rec_ptr, pending_ptr, conv_stride, conv_words, r
     return base, begin, n_words, first, segment, j
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "lengths_ptr", "memo_lengths", "parts_ptr"])
 def _state_kernel(conv_ptr, rec_ptr, pending_ptr, slots_ptr, lengths_ptr, memo_lengths, parts_ptr, conv_stride,
                   conv_words, rec_stride, rec_words, pending_stride, outer_stride, row_words, layers, conv_chunks,
                   rec_chunks, row_chunks, MEMO: tl.constexpr, ALIGN: tl.constexpr, MIX: tl.constexpr,
@@ -126,7 +131,8 @@ def _copy_kernel(conv_ptr, rec_ptr, pending_ptr, dst, src, parts_ptr, run_rows_p
     tl.atomic_add(parts_ptr + 3, lane1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["parts_ptr", "lanes_ptr", "slots_ptr",
+                                                                  "lengths_ptr", "n"])
 def _memo_kernel(parts_ptr, lanes_ptr, slots_ptr, lengths_ptr, memo_lengths, memo_lanes, hashed_ptr, n, conv_words,
                  rec_words, row_words, ALIGN: tl.constexpr, BLOCK: tl.constexpr):
     """Digests i of a block: lanes[i] = conv's lanes + (the memo's + the new rows', or rec's and all rows'), the
@@ -157,42 +163,63 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
     one launch over the three pools, and with ``memo`` a second that finishes the digests from it and updates it
     (the listed slots must then be distinct); no sync, graph-capturable. ``slots``, ``lengths``: [n] ints on the
     pools' device. ``layouts``: the three pools' ``pool_words`` (whole, whole, partial), when the caller keeps
-    them. ``out``: [n, 2] int64 rows to return the lane sums in, zeroed (``deferred.DigestRows``)."""
-    if layouts is None:
-        layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
-    conv_layout, rec_layout, pending_layout = layouts
-    n = slots.numel()
-    if slots.shape != (n,) or lengths.shape != (n,):
-        raise ValueError(f"slots and lengths must be 1-D of one length; got {tuple(slots.shape)} and "
-                         f"{tuple(lengths.shape)}")
-    if pending_layout.rows_max != SNAPSHOT_ALIGN - 1:
-        raise ValueError(f"the pending pool holds {SNAPSHOT_ALIGN - 1} rows a layer; got {pending_layout.rows_max}")
-    if out is not None and (out.shape != (n, 2) or out.dtype != torch.int64):
-        raise ValueError(f"out must be int64 [{n}, 2]; got {out.dtype} {tuple(out.shape)}")
-    if memo is None and out is not None:
-        parts = out.view(n, 1, 2)  # the kernel adds into it: zeroed by its owner
-    else:
-        parts = torch.zeros((n, 1 if memo is None else 2, 2), dtype=torch.int64, device=conv.device)
-    chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
-              triton.cdiv(pending_layout.row_words, CHUNK)]
-    if not n:
-        return parts[:, 0]
-    memo_lengths = slots if memo is None else memo.lengths  # unread without a memo
-    grid = (chunks[0] + chunks[1] + pending_layout.rows_max * pending_layout.outer * chunks[2], n)
-    _state_kernel[grid](
-        conv_layout.words, rec_layout.words, pending_layout.words, slots, lengths, memo_lengths, parts,
-        conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
-        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words, pending_layout.outer,
-        *chunks, MEMO=memo is not None, ALIGN=SNAPSHOT_ALIGN, MIX=_MIX, LANE0=_LANE_OFFSETS[0],
-        LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK, BLOCK=BLOCK)
-    if memo is None:
-        return parts[:, 0]
-    lanes = torch.empty((n, 2), dtype=torch.int64, device=conv.device) if out is None else out
-    _memo_kernel[(triton.cdiv(n, 128),)](parts, lanes, slots, lengths, memo.lengths, memo.lanes, memo.hashed, n,
-                                         conv_layout.row_words, rec_layout.row_words,
-                                         pending_layout.outer * pending_layout.row_words, ALIGN=SNAPSHOT_ALIGN,
-                                         BLOCK=128)
-    return lanes
+    them. ``out``: [n, 2] int64 rows to return the lane sums in, zeroed (``deferred.DigestRows``). A caller that
+    digests the same pools again and again keeps a ``StateDigester``."""
+    digester = StateDigester(conv=conv, rec=rec, pending=pending, layouts=layouts, memo=memo)
+    return digester(slots, lengths, out=out)
+
+
+class StateDigester:
+    """``state_lanes`` bound to one set of pools (and memo): what the launches need of them worked out once, and
+    from the second launch on the compiled kernels launched directly (``ops.launch.Launcher``: the pools' pointers
+    and strides are fixed; the slots, lengths and outputs, which vary, are not specialised on)."""
+
+    def __init__(self, *, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
+                 layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None, memo: StateMemo | None = None) -> None:
+        if layouts is None:
+            layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
+        conv_layout, rec_layout, pending_layout = layouts
+        if pending_layout.rows_max != SNAPSHOT_ALIGN - 1:
+            raise ValueError(f"the pending pool holds {SNAPSHOT_ALIGN - 1} rows a layer; got {pending_layout.rows_max}")
+        chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
+                  triton.cdiv(pending_layout.row_words, CHUNK)]
+        self.device, self.memo = conv.device, memo
+        self._pools = (conv_layout.words, rec_layout.words, pending_layout.words)
+        self._layout = (conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
+                        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words,
+                        pending_layout.outer, *chunks)
+        self._programs = chunks[0] + chunks[1] + pending_layout.rows_max * pending_layout.outer * chunks[2]
+        self._words = (conv_layout.row_words, rec_layout.row_words, pending_layout.outer * pending_layout.row_words)
+        self._state_constexprs = {"MEMO": memo is not None, "ALIGN": SNAPSHOT_ALIGN, "MIX": _MIX,
+                                  "LANE0": _LANE_OFFSETS[0], "LANE1": _LANE_OFFSETS[1], "CHUNK": CHUNK, "BLOCK": BLOCK}
+        self._state = Launcher(_state_kernel)
+        self._memo = Launcher(_memo_kernel)
+
+    def __call__(self, slots: torch.Tensor, lengths: torch.Tensor, *, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """``state_lanes(slots=, lengths=, out=)`` on the bound pools and memo."""
+        n, memo = slots.numel(), self.memo
+        if slots.shape != (n,) or lengths.shape != (n,):
+            raise ValueError(f"slots and lengths must be 1-D of one length; got {tuple(slots.shape)} and "
+                             f"{tuple(lengths.shape)}")
+        if out is not None and (out.shape != (n, 2) or out.dtype != torch.int64):
+            raise ValueError(f"out must be int64 [{n}, 2]; got {out.dtype} {tuple(out.shape)}")
+        if memo is None and out is not None:
+            parts = out.view(n, 1, 2)  # the kernel adds into it: zeroed by its owner
+        else:
+            parts = torch.zeros((n, 1 if memo is None else 2, 2), dtype=torch.int64, device=self.device)
+        if not n:
+            return parts[:, 0]
+        memo_lengths = slots if memo is None else memo.lengths  # unread without a memo
+        self._state((self._programs, n), None,
+                    (*self._pools, slots, lengths, memo_lengths, parts, *self._layout), self._state_constexprs)
+        if memo is None:
+            return parts[:, 0]
+        lanes = torch.empty((n, 2), dtype=torch.int64, device=self.device) if out is None else out
+        self._memo((triton.cdiv(n, 128),), None,
+                   (parts, lanes, slots, lengths, memo.lengths, memo.lanes, memo.hashed, n, *self._words),
+                   {"ALIGN": SNAPSHOT_ALIGN, "BLOCK": 128})
+        return lanes
 
 
 def copy_state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor, dst: int, src: int, length: int,

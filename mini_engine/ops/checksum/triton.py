@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from mini_engine.ops.checksum.reference import _LANE_OFFSETS, _MIX, join_lane_rows
+from mini_engine.ops.launch import Launcher
 from mini_engine.ops.slot_layout import pool_words
 
 __all__ = ["checksum_lanes", "digests", "row_digests", "slot_checksum", "slot_checksums"]
@@ -135,7 +136,10 @@ def _join_parts_kernel(parts_ptr, out_ptr, chunks, DROP_SIGN: tl.constexpr, BLOC
 def row_digests(table: torch.Tensor, *, drop_sign: bool = False) -> torch.Tensor:
     """The digest (``reference.slot_checksum``) of each row of a device ``table`` [B, width] of 32-bit elements,
     as int64 device values (the 64-bit digest's bit pattern; with ``drop_sign`` its top bit cleared, a 63-bit
-    check): one launch for rows of at most ``CHUNK`` words, two for longer rows; no sync."""
+    check): one launch for rows of at most ``CHUNK`` words, two for longer rows; no sync. The kernels are launched
+    compiled once a shape has been (``ops.launch.Launcher``, keyed by all they specialise on: the rows' dtype, device
+    and 16-byte alignment and the ints' values; the outputs are fresh, so aligned): the ledger checks the logits of
+    every prefill that samples."""
     if table.dim() != 2 or table.element_size() != 4:
         raise ValueError(f"row_digests takes a [B, width] table of 32-bit elements; got {table.dtype} "
                          f"{tuple(table.shape)}")
@@ -146,13 +150,17 @@ def row_digests(table: torch.Tensor, *, drop_sign: bool = False) -> torch.Tensor
     if not n_rows:
         return out
     parts = out if chunks == 1 else torch.empty(n_rows, chunks, 2, dtype=torch.int64, device=rows.device)
-    _row_digest_kernel[(chunks, n_rows)](rows, parts, out, n_words, max(n_words, 1), chunks, MIX=_MIX,
-                                         LANE0=_LANE_OFFSETS[0], LANE1=_LANE_OFFSETS[1], CHUNK=CHUNK,
-                                         BLOCK=BLOCK, ONE_CHUNK=chunks == 1, DROP_SIGN=drop_sign)
+    key = (rows.dtype, rows.device, rows.data_ptr() % 16 == 0, n_words, chunks, drop_sign)
+    _ROW_DIGESTS((chunks, n_rows), key, (rows, parts, out, n_words, max(n_words, 1), chunks),
+                 {"MIX": _MIX, "LANE0": _LANE_OFFSETS[0], "LANE1": _LANE_OFFSETS[1], "CHUNK": CHUNK, "BLOCK": BLOCK,
+                  "ONE_CHUNK": chunks == 1, "DROP_SIGN": drop_sign})
     if chunks > 1:
-        _join_parts_kernel[(n_rows,)](parts, out, chunks, DROP_SIGN=drop_sign,
-                                      BLOCK=min(1024, triton.next_power_of_2(chunks)))
+        _JOIN_PARTS((n_rows,), (rows.device, chunks, drop_sign), (parts, out, chunks),
+                    {"DROP_SIGN": drop_sign, "BLOCK": min(1024, triton.next_power_of_2(chunks))})
     return out
+
+
+_ROW_DIGESTS, _JOIN_PARTS = Launcher(_row_digest_kernel), Launcher(_join_parts_kernel)
 
 
 def digests(lanes: torch.Tensor) -> list[int]:
