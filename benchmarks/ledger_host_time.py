@@ -47,11 +47,12 @@ TIMED = [
     ("mini_engine.engine.storage", "StateStorage.checksums"),
     ("mini_engine.engine.storage", "StateStorage.copy_witnessed"),
     ("mini_engine.engine.cache_manager", "CacheManager._copy_reported"),
-    ("mini_engine.ops.checksum.state_triton", "state_lanes"),
+    ("mini_engine.ops.checksum.state_triton", "StateDigester.__call__"),
     ("mini_engine.ops.checksum.state_triton", "StateCopier.__call__"),
     ("mini_engine.ops.checksum.reference", "checksum_ints"),
     ("mini_engine.ops.checksum.reference", "slot_checksum"),
     ("mini_engine.ops.checksum.reference", "checksum_bytes"),
+    ("mini_engine.ops.checksum.memo", "EditedDigests.get"),
 ]
 
 
