@@ -52,7 +52,6 @@ TIMED = [
     ("mini_engine.ops.checksum.reference", "checksum_ints"),
     ("mini_engine.ops.checksum.reference", "slot_checksum"),
     ("mini_engine.ops.checksum.reference", "checksum_bytes"),
-    ("mini_engine.ops.checksum.memo", "EditedDigests.get"),
 ]
 
 

@@ -30,8 +30,8 @@ import torch
 
 from mini_engine.device.base import Device, Event, Stream
 from mini_engine.instrument import Instrumentation
-from mini_engine.ops.checksum import slot_checksum
-from mini_engine.ops.checksum.memo import EditedDigests
+from mini_engine.ops.checksum import checksum_bytes, slot_checksum
+from mini_engine.ops.checksum.memo import DigestCache
 
 __all__ = ["MetadataFenceError", "PrepareResult", "ResidentDecodeMetadata", "gather_shards"]
 
@@ -76,9 +76,9 @@ class ResidentDecodeMetadata:
         self._clean_keys: list[list[bytes | None]] = [[None] * n_shards for _ in range(n_buffers)]
         self._last_dispatch: list[Event | None] = [None] * n_buffers
         self.uploads = self.readbacks = self.retries = self.clean_skips = 0
-        # the ledger's checksums of staged shards, each from its shard's last (a few page ids change between
-        # stagings; double buffering stages each content into every buffer in turn, a repeat a compare)
-        self._staged_checksums = EditedDigests()
+        # the ledger's checksums of staged shards by content (the key): double buffering stages each new content
+        # into every buffer in turn, and a repeat costs a dict lookup, not a digest
+        self._staged_checksums = DigestCache(_STAGED_CHECKSUMS)
         self.readback_seconds = 0.0  # host time blocked in the fence's readbacks (behind the copy stream's queue)
 
     def prepare(self, buffer: int, table: torch.Tensor) -> PrepareResult:
@@ -164,7 +164,7 @@ class ResidentDecodeMetadata:
         match = torch.equal(landed, staged)
         if self._instrumented():
             with self.instrumentation.timing():  # the ledger's own host time, its digests included
-                staged_checksum = self._staged_checksums.get(shard, key)  # (the key: staged's bytes)
+                staged_checksum = self._staged_checksums.get(key, checksum_bytes, key)  # (the key: staged's bytes)
                 readback_checksum = staged_checksum if match else slot_checksum(landed)  # equal bits: one digest
                 self._emit("metadata_readback", buffer=buffer, shard=shard, match=match,
                            readback_checksum=readback_checksum, staged_checksum=staged_checksum)
@@ -187,6 +187,9 @@ class ResidentDecodeMetadata:
         if table.dtype != torch.int32 or tuple(table.shape) != self.table_shape or table.device.type != "cpu":
             raise ValueError(f"table must be a host int32 tensor of shape {self.table_shape}; got "
                              f"{table.dtype} {tuple(table.shape)} on {table.device}")
+
+
+_STAGED_CHECKSUMS = 1024  # staged shard contents whose checksums the ledger remembers
 
 
 def _check_config(table_shape: tuple[int, int], n_buffers: int, n_shards: int, max_attempts: int) -> None:

@@ -266,24 +266,21 @@ def test_bad_config_is_rejected_by_name(kwargs, message):
         ResidentDecodeMetadata(device, device.stream("copy"), **kwargs)
 
 
-def test_a_staged_shard_is_digested_whole_once_then_from_its_last_content(monkeypatch):
-    """Double buffering stages each new table into both buffers: the ledger's staged checksum of a shard is
-    computed whole once (its first content), then from the shard's last content (the same: a compare; a table
-    with a page id changed: that word's terms), and every readback row carries the digest of the bytes staged."""
-    from mini_engine.ops.checksum import memo, slot_checksum
-    from mini_engine.ops.checksum.reference import checksum_bytes
+def test_a_staged_content_is_digested_once_for_every_buffer_it_is_uploaded_to(monkeypatch):
+    """Double buffering stages each new table into both buffers: the ledger's staged checksum of a content is
+    computed once (by content, not by buffer) and every readback row of it carries the same value, the digest of
+    those bytes; a new content is digested anew."""
+    from mini_engine.engine import metadata as module
+    from mini_engine.ops.checksum import checksum_bytes, slot_checksum
 
     digested = []
-    monkeypatch.setattr(memo, "checksum_bytes", lambda data: digested.append(data) or checksum_bytes(data))
+    monkeypatch.setattr(module, "checksum_bytes", lambda data: digested.append(data) or checksum_bytes(data))
     events = []
     meta = metadata(SimDevice(), instrumentation=Instrumentation(events.append))
-    edited = table(1)
-    edited[0, 0] += 7  # shard 0: one word changed
-    edited[-1, -1] += 9  # shard 1: its last word
-    tables = [table(1), table(1), edited, edited]
-    for buffer, staged in zip((0, 1, 0, 1), tables):
-        meta.prepare(buffer, staged)
+    for buffer, content in ((0, 1), (1, 1), (0, 2), (1, 2)):
+        meta.prepare(buffer, table(content))
     readbacks = [e for e in events if e["type"] == "metadata_readback"]
-    shards = [t.contiguous() for staged in tables[1:3] for t in staged.chunk(2, dim=1)]
-    assert len(readbacks) == 8 and digested == [shard.numpy().tobytes() for shard in shards[:2]]
-    assert [e["staged_checksum"] for e in readbacks] == [slot_checksum(shards[i]) for i in (0, 1, 0, 1, 2, 3, 2, 3)]
+    shards = [t for c in (1, 2) for t in table(c).chunk(2, dim=1)]
+    assert len(readbacks) == 8 and digested == [shard.contiguous().numpy().tobytes() for shard in shards]
+    assert [e["staged_checksum"] for e in readbacks] == [slot_checksum(shards[i].contiguous())
+                                                        for i in (0, 1, 0, 1, 2, 3, 2, 3)]

@@ -35,13 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import numpy as np
 import torch
 
 from mini_engine.constants import SNAPSHOT_ALIGN
-from mini_engine.ops.checksum.reference import checksum_bytes, index_lanes, join_lanes, word_lanes
+from mini_engine.ops.checksum.reference import join_lanes, word_lanes
 
-__all__ = ["DigestCache", "EditedDigests", "StateMemo", "known_rows"]
+__all__ = ["DigestCache", "StateMemo", "known_rows"]
 
 _MASK32 = 0xFFFFFFFF
 
@@ -116,39 +115,3 @@ class DigestCache:
                 self._digests.clear()
             known = self._digests[key] = digest(value)
         return known
-
-
-class EditedDigests:
-    """Digests of byte strings each kept by key and digested from the last one under it (``checksum_bytes``). A
-    string's lanes are sums of a term a 32-bit word (``reference.word_lanes``), so a new string's are the last one's
-    plus, for each word that changed, its new term less its old: one compare and a few words' terms in plain Python
-    (``reference.index_lanes``), not numpy's pass over every word. A staged metadata shard (two thousand page ids,
-    mostly padding) changes by a page id or a sequence's row between stagings; its whole digest cost 119-141 us
-    inside a ledger run on the H100. More than ``max_edits`` changed words, a new length or a first string: digested
-    whole."""
-
-    __slots__ = ("_last", "max_edits")
-
-    def __init__(self, max_edits: int = 16) -> None:
-        self.max_edits, self._last = max_edits, {}  # key -> (the last string, its digest)
-
-    def get(self, key: Hashable, data: bytes) -> int:
-        """The digest of ``data``, kept as ``key``'s last."""
-        last = self._last.get(key)
-        if last is None or len(last[0]) != len(data) or len(data) % 4:
-            digest = checksum_bytes(data)
-        else:
-            old_data, digest = last
-            if old_data != data:
-                old, new = np.frombuffer(old_data, dtype=np.uint32), np.frombuffer(data, dtype=np.uint32)
-                changed = np.flatnonzero(old != new)
-                if len(changed) > self.max_edits:
-                    digest = checksum_bytes(data)
-                else:
-                    at = changed.tolist()
-                    added = index_lanes(zip(at, new[changed].tolist()))
-                    dropped = index_lanes(zip(at, old[changed].tolist()))
-                    digest = join_lanes(((digest >> 32) + added[0] - dropped[0],
-                                         (digest & _MASK32) + added[1] - dropped[1]))
-        self._last[key] = (data, digest)
-        return digest
