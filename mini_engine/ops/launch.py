@@ -13,8 +13,8 @@ a run from a host-bound engine.
 The caller vouches that ``key`` settles everything Triton would specialise on for ``args``: the same key, the same
 compiled kernel. A call site with its pools fixed (their pointers and strides: ``StateCopier``, ``StateDigester``)
 keys on what varies (its constexprs; a pointer it allocates is on a 16-byte boundary; one that varies is marked
-``do_not_specialize_on_alignment`` in its kernel); one with nothing fixed keys on all of it (``row_digests``). Where the JIT returns no compiled kernel (the
-interpreter, ``TRITON_INTERPRET=1``), every launch goes through it.
+``do_not_specialize_on_alignment`` in its kernel); one with nothing fixed keys on all of it (``row_digests``).
+Where the JIT returns no compiled kernel (the interpreter, ``TRITON_INTERPRET=1``), every launch goes through it.
 """
 
 from __future__ import annotations
