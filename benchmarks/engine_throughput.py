@@ -19,6 +19,12 @@ priced at the GPU's copy rate, measured in the same process, and with the readba
 safeguards' own work as a fraction of the run: what a 2 % claim can rest on where the spread of repeated
 runs is larger than 2 %.
 
+Next to wall time each run counts the engine thread's CPU time (``time.thread_time``) and its involuntary context
+switches (``getrusage``): on a shared host whose other tenants take the CPU from the engine, wall time grows and the
+thread's CPU time does not (a host-bound engine's waits on the device spin, so they count as CPU time), so "cpu vs
+base", the paired ratio of CPU times, is the ratio with the time the thread was descheduled taken out, and
+"preempted" (the median run's switches) says how much there was to take out.
+
 On the GPU the tiny model's steps are host-bound, so a 2 % difference drowns in the host's noise;
 ``--shape 0.8b --dtype bfloat16 --max-tokens 64`` makes the same workload decode-heavy on the
 Qwen3.5-0.8B-shaped model of ``gpu_engine.py`` (CUDA-graphed decode steps), and ``--modes`` picks the
@@ -34,6 +40,7 @@ import contextlib
 import gc
 import json
 import random
+import resource
 import statistics
 import time
 
@@ -85,16 +92,23 @@ def run(model, options: dict, device: str = "sim", dtype: str = "float32", max_t
     try:
         with around():
             first_step, before, started = engine.steps, _safeguard_work(engine), time.perf_counter()
+            cpu_started, switches = time.thread_time(), _preempted()
             ids = _serve(engine, workload(), max_tokens)
             elapsed = time.perf_counter() - started
+            cpu, switches = time.thread_time() - cpu_started, _preempted() - switches
     finally:
         gc.enable()
     work = {k: v - before[k] for k, v in _safeguard_work(engine).items()}
     results = [engine.result(r) for r in ids]
     generated = sum(len(r.output_ids) for r in results)
-    return {"seconds": elapsed, "requests": len(ids), "generated": generated,
+    return {"seconds": elapsed, "cpu_seconds": cpu, "preempted": switches, "requests": len(ids), "generated": generated,
             "hit_rate": sum(r.cached_tokens > 0 for r in results) / len(ids), "steps": engine.steps - first_step,
             "ledger_rows": None if rows is None else len(rows), "safeguard_work": work}
+
+
+def _preempted() -> int:
+    """The calling thread's involuntary context switches so far (the process's where a thread's are not kept)."""
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_nivcsw
 
 
 def _safeguard_work(engine: Engine) -> dict:
@@ -150,19 +164,27 @@ def main() -> None:
     for name, runs in rows.items():
         # paired: round r's time over the base's in the same round (drift between rounds cancels)
         ratios = sorted(r["seconds"] / b["seconds"] for r, b in zip(runs, base_runs))
+        cpu_ratios = sorted(r["cpu_seconds"] / b["cpu_seconds"] for r, b in zip(runs, base_runs))
         summary[name] = {**runs[0], "seconds": statistics.median(r["seconds"] for r in runs),
                          "spread": max(r["seconds"] for r in runs) / min(r["seconds"] for r in runs) - 1,
                          "ratio": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
-                         "best_ratio": min(r["seconds"] for r in runs) / min(b["seconds"] for b in base_runs)}
+                         "best_ratio": min(r["seconds"] for r in runs) / min(b["seconds"] for b in base_runs),
+                         "cpu_ratio": statistics.median(cpu_ratios), "cpu_ratio_min": cpu_ratios[0],
+                         "cpu_ratio_max": cpu_ratios[-1],
+                         "preempted": statistics.median(r["preempted"] for r in runs)}
     print(f"{args.shape} model, {args.dtype}, {args.device}, {args.max_tokens} new tokens per request, "
           f"median of {args.repeats}; base: {args.modes[0]}; vs base: the median of the rounds' paired ratios "
           f"[lowest, highest]; best: the fastest run's time over the base's fastest (a host that only ever adds "
-          f"time leaves the fastest runs the least disturbed: read it where the spread is large)")
-    print(f"{'mode':<34}{'req/s':>8}{'tok/s':>8}{'hits':>7}{'steps':>7}{'spread':>8}   vs base{'':>18}best")
+          f"time leaves the fastest runs the least disturbed: read it where the spread is large); cpu vs base: the "
+          f"same paired ratio of the engine thread's CPU time (the time it was descheduled taken out), preempted: "
+          f"its involuntary context switches in the median run")
+    print(f"{'mode':<34}{'req/s':>8}{'tok/s':>8}{'hits':>7}{'steps':>7}{'spread':>8}   vs base{'':>18}best"
+          f"   cpu vs base{'':>14}preempted")
     for name, r in summary.items():
         print(f"{name:<34}{r['requests'] / r['seconds']:>8.1f}{r['generated'] / r['seconds']:>8.1f}"
               f"{r['hit_rate']:>7.0%}{r['steps']:>7}{r['spread']:>8.1%}   "
-              f"{r['ratio']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]   {r['best_ratio']:.3f}")
+              f"{r['ratio']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]   {r['best_ratio']:.3f}   "
+              f"{r['cpu_ratio']:.3f} [{r['cpu_ratio_min']:.3f}, {r['cpu_ratio_max']:.3f}]   {r['preempted']:>9.0f}")
     print("the safeguards' own work in the base's median run (a readback's wait includes the copy stream's "
           "queue and, through its predecessor wait, the forward that last read the buffer: an upper bound of "
           "the fence's cost; on the sim, whatever device work the wait makes run)")
