@@ -2,14 +2,17 @@
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def nightly(out, **env):
+    """The script with this interpreter's ``hammer`` first on PATH (the tests' install, activated or not)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     return subprocess.run(["bash", str(ROOT / "scripts" / "nightly.sh"), str(out)], capture_output=True, text=True,
-                          env={**os.environ, "SEED": "3", **env}, cwd=ROOT, timeout=600)
+                          env={**os.environ, "PATH": path, "SEED": "3", **env}, cwd=ROOT, timeout=600, check=False)
 
 
 def test_a_toy_nightly_writes_the_soak_and_the_matrix_with_junit(tmp_path):
