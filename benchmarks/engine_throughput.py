@@ -23,7 +23,7 @@ Next to wall time each run counts the engine thread's CPU time (``time.thread_ti
 switches (``getrusage``): on a shared host whose other tenants take the CPU from the engine, wall time grows and the
 thread's CPU time does not (a host-bound engine's waits on the device spin, so they count as CPU time), so "cpu vs
 base", the paired ratio of CPU times, is the ratio with the time the thread was descheduled taken out, and
-"preempted" (the median run's switches) says how much there was to take out.
+"preempted" (the median of its runs' switches) says how much there was to take out.
 
 On the GPU the tiny model's steps are host-bound, so a 2 % difference drowns in the host's noise;
 ``--shape 0.8b --dtype bfloat16 --max-tokens 64`` makes the same workload decode-heavy on the
@@ -177,7 +177,7 @@ def main() -> None:
           f"[lowest, highest]; best: the fastest run's time over the base's fastest (a host that only ever adds "
           f"time leaves the fastest runs the least disturbed: read it where the spread is large); cpu vs base: the "
           f"same paired ratio of the engine thread's CPU time (the time it was descheduled taken out), preempted: "
-          f"its involuntary context switches in the median run")
+          f"its involuntary context switches, the median of its runs")
     print(f"{'mode':<34}{'req/s':>8}{'tok/s':>8}{'hits':>7}{'steps':>7}{'spread':>8}   vs base{'':>18}best"
           f"   cpu vs base{'':>14}preempted")
     for name, r in summary.items():
