@@ -169,6 +169,29 @@ def state_lanes(*, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
     return digester(slots, lengths, out=out)
 
 
+class _BoundPools:
+    """What a launch over the three pools needs of them, worked out once for a ``StateDigester`` or ``StateCopier``:
+    their word views (``pools``), the layout arguments the kernels take after their pointers (``layout``: strides,
+    row words, the pending pool's layers, each segment's chunks), the chunk counts (conv's, rec's, a row's) and the
+    words of conv, of rec and of a token's row over all layers (``words``: what the memo's pass counts)."""
+
+    __slots__ = ("chunks", "device", "layout", "pending", "pools", "words")
+
+    def __init__(self, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
+                 layouts: tuple[PoolWords, PoolWords, PoolWords] | None) -> None:
+        if layouts is None:
+            layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
+        conv_layout, rec_layout, pending_layout = layouts
+        self.chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
+                       triton.cdiv(pending_layout.row_words, CHUNK)]
+        self.device, self.pending = conv.device, pending_layout
+        self.pools = (conv_layout.words, rec_layout.words, pending_layout.words)
+        self.layout = (conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
+                       pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words,
+                       pending_layout.outer, *self.chunks)
+        self.words = (conv_layout.row_words, rec_layout.row_words, pending_layout.outer * pending_layout.row_words)
+
+
 class StateDigester:
     """``state_lanes`` bound to one set of pools (and memo): what the launches need of them worked out once, and
     from the second launch on the compiled kernels launched directly (``ops.launch.Launcher``: the pools' pointers
@@ -176,20 +199,14 @@ class StateDigester:
 
     def __init__(self, *, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
                  layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None, memo: StateMemo | None = None) -> None:
-        if layouts is None:
-            layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
-        conv_layout, rec_layout, pending_layout = layouts
+        bound = _BoundPools(conv, rec, pending, layouts)
+        pending_layout, chunks = bound.pending, bound.chunks
         if pending_layout.rows_max != SNAPSHOT_ALIGN - 1:
             raise ValueError(f"the pending pool holds {SNAPSHOT_ALIGN - 1} rows a layer; got {pending_layout.rows_max}")
-        chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
-                  triton.cdiv(pending_layout.row_words, CHUNK)]
-        self.device, self.memo = conv.device, memo
-        self._pools = (conv_layout.words, rec_layout.words, pending_layout.words)
-        self._layout = (conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
-                        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words,
-                        pending_layout.outer, *chunks)
+        self.device, self.memo = bound.device, memo
+        self._pools, self._layout = bound.pools, bound.layout
         self._programs = chunks[0] + chunks[1] + pending_layout.rows_max * pending_layout.outer * chunks[2]
-        self._words = (conv_layout.row_words, rec_layout.row_words, pending_layout.outer * pending_layout.row_words)
+        self._words = bound.words
         self._state_constexprs = {"MEMO": memo is not None, "ALIGN": SNAPSHOT_ALIGN, "MIX": _MIX,
                                   "LANE0": _LANE_OFFSETS[0], "LANE1": _LANE_OFFSETS[1], "CHUNK": CHUNK, "BLOCK": BLOCK}
         self._state = Launcher(_state_kernel)
@@ -247,22 +264,14 @@ class StateCopier:
     def __init__(self, *, conv: torch.Tensor, rec: torch.Tensor, pending: torch.Tensor,
                  layouts: tuple[PoolWords, PoolWords, PoolWords] | None = None, run_rows: torch.Tensor | None = None,
                  memo: StateMemo | None = None) -> None:
-        if layouts is None:
-            layouts = pool_words(conv, partial=False), pool_words(rec, partial=False), pool_words(pending, partial=True)
-        conv_layout, rec_layout, pending_layout = layouts
         if run_rows is not None and (run_rows.dtype != torch.int32 or not run_rows.is_contiguous()):
             raise ValueError(f"run_rows must be contiguous int32; got {run_rows.dtype}, strides {run_rows.stride()}")
         run_words = 0 if run_rows is None else run_rows[0].numel()
-        chunks = [triton.cdiv(conv_layout.row_words, CHUNK), triton.cdiv(rec_layout.row_words, CHUNK),
-                  triton.cdiv(pending_layout.row_words, CHUNK)]
-        self.device = conv.device
-        self._pools = (conv_layout.words, rec_layout.words, pending_layout.words)
+        bound = _BoundPools(conv, rec, pending, layouts)
+        self.device, self._pools, self._layout = bound.device, bound.pools, bound.layout
         self._forgets = (run_rows, None if memo is None else memo.lengths)
-        self._layout = (conv_layout.slot_stride, conv_layout.row_words, rec_layout.slot_stride, rec_layout.row_words,
-                        pending_layout.slot_stride, pending_layout.outer_stride, pending_layout.row_words,
-                        pending_layout.outer, *chunks)
-        self._programs = chunks[0] + chunks[1]  # a state's conv and rec; then its rows'
-        self._per_row = pending_layout.outer * chunks[2]
+        self._programs = bound.chunks[0] + bound.chunks[1]  # a state's conv and rec; then its rows'
+        self._per_row = bound.pending.outer * bound.chunks[2]
         constexprs = {
             "RUN_WORDS": run_words, "RUN_BLOCK": triton.next_power_of_2(max(run_words, 1)), "MEMO": memo is not None,
             "MIX": _MIX, "LANE0": _LANE_OFFSETS[0], "LANE1": _LANE_OFFSETS[1], "CHUNK": CHUNK, "BLOCK": BLOCK}
