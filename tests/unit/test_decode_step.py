@@ -113,7 +113,7 @@ def _prefilled(model, device, steps: int) -> tuple[StateStorage, Pools, torch.Te
 
 
 def check_step_digests(model, device, steps: int) -> None:
-    """``DecodeGraphs(after=runner.step_digests)``, the slot ledger's digests of each decode step computed with it
+    """``DecodeGraphs(after=step_ledger.step_digests)``, the slot ledger's digests of each decode step computed with it
     (on a GPU captured in its graph and replayed): at every step the results block holds each sequence's greedy
     token (also its slot's next token) and its logits' check, then the digests of the state each slot was left
     with and of the page-table row the step read cut to the sequence's page count, each the reference digest of
