@@ -119,6 +119,8 @@ def _safeguard_work(engine: Engine) -> dict:
             "readbacks": engine.metadata.readbacks, "readback_seconds": engine.metadata.readback_seconds,
             # the slot ledger's (instrumentation's) own: slot bytes its checksums read, host time it took
             "hashed_bytes": engine.states.hashed_bytes, "ledger_host_seconds": engine.events.host_seconds,
+            # of it, the flushes made while the host was about to block on a batch still running (no wall time)
+            "ledger_shadow_seconds": engine.shadow_flush_seconds,
             # the host's time blocked on a batch's results: the device's shadow, where host work costs no wall time
             "host_waited_seconds": engine.runner.waited}
 
@@ -203,10 +205,12 @@ def main() -> None:
         ledger = {"mode": ledger_mode, "seconds": median["seconds"], "rows": median["ledger_rows"],
                   "hashed_bytes": median["safeguard_work"]["hashed_bytes"],
                   "host_seconds": median["safeguard_work"]["ledger_host_seconds"],
+                  "shadow_seconds": median["safeguard_work"]["ledger_shadow_seconds"],
                   "host_waited_seconds": median["safeguard_work"]["host_waited_seconds"]}
         print(f"  the ledger's own work in its median run ({ledger_mode}): {ledger['rows']} rows; checksums read "
               f"{ledger['hashed_bytes'] / 1e9:.2f} GB of slots; {ledger['host_seconds'] * 1e3:.1f} ms of host time "
-              f"({ledger['host_seconds'] / ledger['seconds']:.2%} of the run; on the sim the checksums themselves); "
+              f"({ledger['host_seconds'] / ledger['seconds']:.2%} of the run; on the sim the checksums themselves), "
+              f"{ledger['shadow_seconds'] * 1e3:.1f} ms of it flushes in the device's shadow; "
               f"the host blocked on the device {ledger['host_waited_seconds'] * 1e3:.1f} ms")
     bound = None
     if args.device == "cuda":

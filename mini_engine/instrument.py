@@ -74,6 +74,11 @@ class Instrumentation:
         return self.sink is not None
 
     @property
+    def queued(self) -> bool:
+        """Whether rows wait for device values (``pending`` without the count)."""
+        return bool(self._queue)
+
+    @property
     def pending(self) -> int:
         """Rows emitted but not yet handed to the sink (waiting for device values)."""
         return sum(1 if type(held) is dict else held.count for held, _ in self._queue)

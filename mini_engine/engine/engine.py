@@ -51,8 +51,9 @@ class RequestIdInUse(ValueError):
 
 WARM_UP_KEY = "mini-engine:warm-up"  # the cache key of warm_up's prompts: no request's prompt can match them
 WARM_UP_TOKENS = 3  # decode steps per warm-up request: the first of a batch size runs eagerly, the second captures
-# steps between the ledger's flushes while busy: a flush costs its landing checks and one read-back whatever it
-# delivers, and rows only wait (once idle, every row is delivered)
+# the most steps between the ledger's flushes while busy: a flush costs its landing checks and one read-back whatever
+# it delivers, and rows only wait (once idle, every row is delivered). Sooner where it is free: in the device's
+# shadow, when the host is about to block on a batch still running (``Engine._process``)
 LEDGER_FLUSH_STEPS = 8
 
 
@@ -130,6 +131,8 @@ class Engine:
         self.steps = 0
         self._actions: dict[int, list[Callable[[], None]]] = defaultdict(list)
         self._in_flight: Batch | None = None
+        self._flushed = 0  # the step of the ledger's last flush
+        self.shadow_flushes, self.shadow_flush_seconds = 0, 0.0  # the ledger's flushes in the device's shadow
         self._ids = itertools.count()
 
     # -- the embedded API ----------------------------------------------------------------------
@@ -212,18 +215,18 @@ class Engine:
         self.scheduler.admit()
         items = self.scheduler.plan()
         launched = self.runner.launch(items) if items else None
+        previous = launched
         if self.config.overlap:
             previous, self._in_flight = self._in_flight, launched
-            if previous is not None:
-                self._process(previous)
-        elif launched is not None:
-            self._process(launched)
+        if previous is not None:
+            self._process(previous)
         self.device.progress()
         self.steps += 1
-        # ledger rows whose device checksums have landed, every few steps; all of them once nothing is in flight
+        # ledger rows whose device checksums have landed, at least every few steps; all of them once nothing is in
+        # flight
         idle = self.idle()
-        if idle or self.steps % LEDGER_FLUSH_STEPS == 0:
-            self.events.flush(wait=idle)
+        if idle or self.steps - self._flushed >= LEDGER_FLUSH_STEPS:
+            self._flush(wait=idle)
         if self.config.debug:
             self.check_integrity()
 
@@ -232,7 +235,7 @@ class Engine:
         for _ in range(max_steps):
             if self.idle():
                 self.check_integrity()  # cheap when idle, and the moment a leak would show
-                self.events.flush(wait=True)
+                self._flush(wait=True)
                 return
             self.step()
         raise RuntimeError(f"engine still busy after {max_steps} steps")
@@ -316,7 +319,18 @@ class Engine:
         else:
             self._actions[step].append(action)
 
+    def _flush(self, *, wait: bool = False) -> None:
+        self.events.flush(wait=wait)
+        self._flushed = self.steps
+
     def _process(self, batch: Batch) -> None:
+        if self.events.queued and not self.device.is_complete(batch.done):
+            # the host is about to block on the device: the ledger's rows that have landed are delivered in its
+            # shadow, where their host time costs the run nothing (``shadow_flush_seconds``)
+            started = time.perf_counter()
+            self._flush()
+            self.shadow_flushes += 1
+            self.shadow_flush_seconds += time.perf_counter() - started
         sampled = self.runner.results(batch)
         for item, (token, check) in zip(batch.items, sampled):
             request = item.request

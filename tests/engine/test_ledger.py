@@ -5,6 +5,7 @@ import random
 import pytest
 
 from mini_engine.engine import Engine, EngineConfig, SamplingParams
+from mini_engine.instrument import Deferred
 from tests.engine.test_engine import drive, tokens
 
 
@@ -88,3 +89,65 @@ def test_the_ledger_is_flushed_every_few_steps_while_busy_and_waited_for_once_id
     assert last > 2 * LEDGER_FLUSH_STEPS
     want = [(s, False) for s in range(LEDGER_FLUSH_STEPS, last, LEDGER_FLUSH_STEPS)] + [(last, True)]
     assert flushes == want and engine.events.pending == 0 and rows
+
+
+class _Landing(Deferred):
+    """A value that lands when a sim device event passes, as a CUDA digest lands with its batch's results."""
+
+    def __init__(self, device, event, value):
+        self.device, self.event, self.value = device, event, value
+
+    def ready(self):
+        return self.device.is_complete(self.event)
+
+    def wait(self):
+        self.device.wait_host(self.event)
+
+    @classmethod
+    def resolve_all(cls, values):
+        return [v.value for v in values]
+
+
+def test_the_ledger_is_flushed_in_the_devices_shadow_when_the_host_is_about_to_wait(tiny_model):
+    """Rows waiting for device values are flushed where the host is about to block on a batch still running (its host
+    time is then free), and otherwise at least every ``LEDGER_FLUSH_STEPS`` steps: a row a batch, landing with its
+    results, on the sim (its seeded progress leaves some batches unfinished when their results are asked for)."""
+    from mini_engine.engine.engine import LEDGER_FLUSH_STEPS
+
+    rows = []
+    engine = Engine(EngineConfig(overlap=True, device_seed=3), model=tiny_model, sink=rows.append)
+    log = []  # ("flush", step, wait) and ("results", step, batch finished, rows queued, a shadow flush just ran)
+    flush, results, launch = engine.events.flush, engine.runner.results, engine.runner.launch
+
+    def flushed(*, wait=False):
+        log.append(("flush", engine.steps, wait))
+        flush(wait=wait)
+
+    def resulted(batch):
+        shadow = engine.shadow_flushes > sum(entry[-1] for entry in log if entry[0] == "results")
+        log.append(("results", engine.steps, engine.device.is_complete(batch.done), engine.events.queued, shadow))
+        return results(batch)
+
+    def launched(items):
+        batch = launch(items)
+        engine.events.emit("probe", batch=batch.index, value=_Landing(engine.device, batch.done, batch.index))
+        return batch
+
+    engine.events.flush, engine.runner.results, engine.runner.launch = flushed, resulted, launched
+    rnd = random.Random(4)
+    for n in (40, 70, 90):
+        engine.submit(tokens(rnd, n), SamplingParams(max_tokens=2 * LEDGER_FLUSH_STEPS))
+    drive(engine)
+    waits = [entry for entry in log if entry[0] == "results"]
+    shadows = [entry for entry in waits if entry[-1]]
+    # a shadow flush ran exactly where the batch asked for was still running with rows waiting
+    assert shadows and all(not finished and queued for _, _, finished, queued, _ in shadows)
+    assert all(finished or not queued for _, _, finished, queued, shadow in waits if not shadow)
+    assert any(finished and queued for _, _, finished, queued, _ in waits)  # ... and only there
+    assert engine.shadow_flushes == len(shadows) and engine.shadow_flush_seconds > 0
+    flushes = [step for kind, step, *_ in log if kind == "flush"]
+    assert all(b - a <= LEDGER_FLUSH_STEPS for a, b in zip([0, *flushes], flushes))
+    assert log[-1] == ("flush", engine.steps, True) and engine.events.pending == 0
+    probes = [r for r in rows if r["type"] == "probe"]
+    assert [r["value"] for r in probes] == [r["batch"] for r in probes] == list(range(1, len(probes) + 1))
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
