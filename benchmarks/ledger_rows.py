@@ -19,9 +19,12 @@ import argparse
 import gc
 import json
 import statistics
+from typing import NamedTuple
 
 import torch
 
+from mini_engine.engine.request import Request, SamplingParams
+from mini_engine.engine.runner import BatchItem
 from mini_engine.engine.step_ledger import decode_step_rows
 from mini_engine.instrument import Instrumentation
 from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests, on_host
@@ -37,15 +40,27 @@ class Passed:
         pass
 
 
-def step_rows(batch: int) -> list[tuple[str, int, int, int]]:
-    """Each sequence of a step: (rid, slot, position, staged page-table digest)."""
-    return [(f"r{b}", b + 1, 100 + b, 0x5EED + b) for b in range(batch)]
+class Step(NamedTuple):
+    """A decode step's sequences: ``known`` (rid, slot, position after the step, staged page-table digest) each, and
+    the same as the runner holds them: its decode items and the kept digests of their staged page tables."""
+
+    known: list[tuple[str, int, int, int]]
+    items: list[BatchItem]
+    staged: dict[tuple[int, ...], int]
 
 
-def per_row(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:
+def step_rows(batch: int) -> Step:
+    """A step of ``batch`` sequences."""
+    known = [(f"r{b}", b + 1, 100 + b, 0x5EED + b) for b in range(batch)]
+    items = [BatchItem(Request(rid, [0], SamplingParams()), position - 1, 1, None, slot, (slot, position), True, None)
+             for rid, slot, position, _ in known]
+    return Step(known, items, {it.pages: digest for it, (*_, digest) in zip(items, known)})
+
+
+def per_row(events: Instrumentation, lanes: torch.Tensor, step: Step, event) -> None:
     """A row at a time, a ``DeviceDigest`` per device field (the runner's way before ``emit_rows``)."""
-    n = len(known)
-    for r, (rid, slot, position, staged) in enumerate(known):
+    n = len(step.known)
+    for r, (rid, slot, position, staged) in enumerate(step.known):
         events.emit("slot_write", batch=1, rid=rid, slot=slot, role="live", position=position,
                     checksum=DeviceDigest(lanes, event, r))
         read = DeviceDigest(lanes, event, n + r)
@@ -66,14 +81,16 @@ class _Equals(DeviceDigest):
         return super().finish(read, first) == self.expected
 
 
-def together(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:
-    """The step's rows as one entry (the runner's ``_report_step``, its own row builder)."""
-    events.emit_rows(2 * len(known), DeviceDigests(lanes, event), decode_step_rows(1, known))
+def together(events: Instrumentation, lanes: torch.Tensor, step: Step, event) -> None:
+    """The step's rows as one entry (the runner's ``_report_step``, its own row builder, which reads the items and
+    their staged digests when the rows are made)."""
+    events.emit_rows(2 * len(step.items), DeviceDigests(lanes, event),
+                     decode_step_rows(1, step.items, step.staged.__getitem__))
 
 
-def host_rows(events: Instrumentation, lanes: torch.Tensor, known: list, event) -> None:
+def host_rows(events: Instrumentation, lanes: torch.Tensor, step: Step, event) -> None:
     """Host values, a row at a time: no device value to wait for or read back (the floor)."""
-    for rid, slot, position, staged in known:
+    for rid, slot, position, staged in step.known:
         events.emit("slot_write", batch=1, rid=rid, slot=slot, role="live", position=position, checksum=staged)
         events.emit("decode_metadata", batch=1, rid=rid, read_checksum=staged, staged_checksum=staged, match=True)
 
@@ -85,7 +102,7 @@ def run(way, device: str, batch: int, steps: int) -> tuple[float, list[dict]]:
     """The instrumentation's host seconds per row over ``steps`` steps, and the rows the sink got."""
     rows: list[dict] = []
     events = Instrumentation(rows.append)
-    known = step_rows(batch)
+    step = step_rows(batch)
     lanes = torch.randint(0, 1 << 31, (2 * batch, 2), generator=torch.Generator().manual_seed(0),
                           dtype=torch.int64).to(device)
     gc.collect()
@@ -94,7 +111,7 @@ def run(way, device: str, batch: int, steps: int) -> tuple[float, list[dict]]:
         for _ in range(steps):
             # as the runner copies the step graph's outputs to the host each step (``on_host``)
             step_lanes, event = on_host(lanes) if device == "cuda" else (lanes.clone(), Passed())
-            way(events, step_lanes, known, event)
+            way(events, step_lanes, step, event)
             events.step += 1
             events.flush()
         events.flush(wait=True)

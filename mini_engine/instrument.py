@@ -12,7 +12,8 @@ it wrote or read, so on the sim device ``seq`` is the order things really happen
 On a GPU a checksum is a device value: reading it at once would stall the host on the stream for every
 slot event. There a device-side event carries ``Deferred`` fields (a checksum still being computed on
 its stream); the row keeps its ``seq`` and waits in a queue, and ``flush`` hands rows to the sink in
-``seq`` order once their values have landed, all of them read back in one copy. ``flush(wait=True)``
+``seq`` order once their values have landed, all of them read back in one copy. A ``Later`` field is host work
+moved into the flush (a value nothing waits for, computed there). ``flush(wait=True)``
 waits for them (the engine does when it goes idle). ``emit_rows`` queues the rows of a whole step at once: they
 take their ``seq``s when emitted and are made from one value (say the step's digests, read back together) when it
 lands, with no ``Deferred`` per field and no row until then (a decode step's rows, batch 32, cost 0.39x the host
@@ -30,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Deferred", "Instrumentation", "Sink"]
+__all__ = ["Deferred", "Instrumentation", "Later", "Sink"]
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -57,6 +58,32 @@ class Deferred:
     @classmethod
     def resolve_all(cls, values: list[Deferred]) -> list[Any]:
         raise NotImplementedError
+
+
+class Later(Deferred):
+    """A field the host computes when its row is flushed rather than when it is emitted: ``fn(*args)``, from values
+    that no longer change (a staged shard's bytes). It is ready at once; what it moves is host work a row needs but
+    nothing on the step's path waits for, into the flush, which the engine makes in the device's shadow where it
+    can (``Engine._process``)."""
+
+    __slots__ = ("args", "fn")
+    _LANDING = object()  # one landing for them all: asked once a flush
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def landing(self) -> object:
+        return Later._LANDING
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+    @classmethod
+    def resolve_all(cls, values: list[Later]) -> list[Any]:
+        return [v.fn(*v.args) for v in values]
 
 
 class Instrumentation:

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from mini_engine.device.base import Device, Event, Stream
-from mini_engine.instrument import Instrumentation
+from mini_engine.instrument import Instrumentation, Later
 from mini_engine.ops.checksum import checksum_bytes, slot_checksum
 from mini_engine.ops.checksum.memo import DigestCache
 
@@ -164,7 +164,8 @@ class ResidentDecodeMetadata:
         match = torch.equal(landed, staged)
         if self._instrumented():
             with self.instrumentation.timing():  # the ledger's own host time, its digests included
-                staged_checksum = self._staged_checksums.get(key, checksum_bytes, key)  # (the key: staged's bytes)
+                # the staged bytes' digest when the row is flushed (the key: staged's bytes, which stay as they are)
+                staged_checksum = Later(self._staged_checksums.get, key, checksum_bytes, key)
                 readback_checksum = staged_checksum if match else slot_checksum(landed)  # equal bits: one digest
                 self._emit("metadata_readback", buffer=buffer, shard=shard, match=match,
                            readback_checksum=readback_checksum, staged_checksum=staged_checksum)

@@ -333,9 +333,8 @@ class ModelRunner:
     def _report_step(self, batch: int, items: list[BatchItem], digests: DeviceDigests | list[int]) -> None:
         """A decode step's ledger rows, made together once its ``digests`` land (``Instrumentation.emit_rows``):
         per item the ``slot_write`` of the state its slot was left with and the ``decode_metadata`` of the page
-        table the step read against the one staged for it (the metadata a kernel really saw)."""
-        known = [(it.request.rid, it.live_slot, it.start + 1, self._staged_digest(it.pages)) for it in items]
-        self.events.emit_rows(2 * len(items), digests, decode_step_rows(batch, known))
+        table the step read against the one staged for it (the metadata a kernel really saw), all made then."""
+        self.events.emit_rows(2 * len(items), digests, decode_step_rows(batch, items, self._staged_digest))
 
     def _snapshot_checksums(self, items: list[BatchItem], into: DigestRows | None) -> list:
         """The checksums of the snapshots ``items`` wrote to their track slots, launched together after them (into

@@ -4,7 +4,8 @@ which a step's CUDA graph replays), the logits' checks, and the rows a decode st
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,24 +13,33 @@ from mini_engine.engine.storage import StateStorage
 from mini_engine.ops.checksum import row_checksums
 from mini_engine.ops.checksum.deferred import rows_lanes
 
+if TYPE_CHECKING:
+    from mini_engine.engine.runner import BatchItem
+
 __all__ = ["CHECK_MASK", "decode_step_rows", "live_write", "logits_checks", "metadata_read", "step_digests"]
 
 CHECK_MASK = (1 << 63) - 1  # a logits check fits a signed 64-bit tensor element
 
 
-def decode_step_rows(batch: int, known: list[tuple[str, int, int, int]]) -> Callable[[list[int], int, int], list[dict]]:
-    """The builder of a decode step's ledger rows for ``Instrumentation.emit_rows``: ``known`` is per sequence
-    (rid, live slot, position after the step, staged page-table digest); the digests are the B states' then the B
-    page tables' read. The rows of ``live_write`` and ``metadata_read``, written out: one dict a row."""
-    n = len(known)
+def decode_step_rows(batch: int, items: Sequence[BatchItem], staged: Callable[[tuple[int, ...]], int]
+                     ) -> Callable[[list[int], int, int], list[dict]]:
+    """The builder of a decode step's ledger rows for ``Instrumentation.emit_rows``: per decode item (its request's
+    rid, its live slot, its position after the step, its page table) a ``slot_write`` and a ``decode_metadata`` row;
+    the digests are the B states' then the B page tables' read; ``staged(pages)`` the digest of a staged page table.
+    Everything it reads of the items is fixed when they are built (``BatchItem`` is frozen, a request keeps its
+    rid), so the rows and the staged digests are made when the digests land: at the flush, in the device's shadow
+    where it can (``Engine._process``), not on the step's path. The rows of ``live_write`` and ``metadata_read``,
+    written out: one dict a row."""
+    n = len(items)
 
     def rows(digests: list[int], step: int, seq: int) -> list[dict]:
         made = []
-        for (rid, slot, position, staged), written, read in zip(known, digests[:n], digests[n:]):
-            made.append({"type": "slot_write", "step": step, "seq": seq, "batch": batch, "rid": rid, "slot": slot,
-                         "role": "live", "position": position, "checksum": written})
+        for it, written, read in zip(items, digests[:n], digests[n:]):
+            rid, expected = it.request.rid, staged(it.pages)
+            made.append({"type": "slot_write", "step": step, "seq": seq, "batch": batch, "rid": rid,
+                         "slot": it.live_slot, "role": "live", "position": it.start + 1, "checksum": written})
             made.append({"type": "decode_metadata", "step": step, "seq": seq + 1, "batch": batch, "rid": rid,
-                         "read_checksum": read, "staged_checksum": staged, "match": read == staged})
+                         "read_checksum": read, "staged_checksum": expected, "match": read == expected})
             seq += 2
         return made
 

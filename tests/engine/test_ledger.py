@@ -74,21 +74,31 @@ def test_a_batchs_digests_land_with_its_results_copy_and_not_before_it_is_queued
 
 
 def test_the_ledger_is_flushed_every_few_steps_while_busy_and_waited_for_once_idle(tiny_model):
-    """A flush costs the same however little it delivers: while requests run the engine flushes the ledger every
-    ``LEDGER_FLUSH_STEPS`` steps, without waiting; the step that leaves it idle flushes and waits for every row."""
+    """A flush costs the same however little it delivers: while requests run the engine flushes the ledger
+    ``LEDGER_FLUSH_STEPS`` steps after its last flush, without waiting (unless a flush in the device's shadow came
+    sooner: the next test); the step that leaves it idle flushes and waits for every row."""
     from mini_engine.engine.engine import LEDGER_FLUSH_STEPS
 
     rows = []
     engine = Engine(EngineConfig(overlap=True), model=tiny_model, sink=rows.append)
-    flushes = []
+    flushes = []  # (step, wait, the shadow flushes before it)
     flush = engine.events.flush
-    engine.events.flush = lambda *, wait=False: (flushes.append((engine.steps, wait)), flush(wait=wait))
+    engine.events.flush = lambda *, wait=False: (flushes.append((engine.steps, wait, engine.shadow_flushes)),
+                                                 flush(wait=wait))
     engine.submit(tokens(random.Random(2), 70), SamplingParams(max_tokens=2 * LEDGER_FLUSH_STEPS + 3))
     drive(engine)
     last = engine.steps
-    assert last > 2 * LEDGER_FLUSH_STEPS
-    want = [(s, False) for s in range(LEDGER_FLUSH_STEPS, last, LEDGER_FLUSH_STEPS)] + [(last, True)]
-    assert flushes == want and engine.events.pending == 0 and rows
+    assert last > 2 * LEDGER_FLUSH_STEPS and flushes[-1] == (last, True, engine.shadow_flushes)
+    assert all(not wait for _, wait, _ in flushes[:-1])
+    # each busy flush after the one before it (the first after step 0): in the shadow where the count of those went
+    # up after it, else exactly LEDGER_FLUSH_STEPS steps later; either way no later than that
+    steps = [0] + [step for step, *_ in flushes]
+    counts = [count for *_, count in flushes] + [engine.shadow_flushes]
+    gaps = [(steps[i + 1] - steps[i], counts[i + 1] > counts[i]) for i in range(len(flushes) - 1)]
+    assert [gap for gap, shadow in gaps if not shadow] and all(gap == LEDGER_FLUSH_STEPS for gap, shadow in gaps
+                                                               if not shadow)
+    assert all(gap <= LEDGER_FLUSH_STEPS for gap, _ in gaps)
+    assert engine.events.pending == 0 and rows
 
 
 class _Landing(Deferred):

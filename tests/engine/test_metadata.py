@@ -147,10 +147,15 @@ def test_late_copy_retries_then_clean():
 
 
 def test_readback_events_disagree_exactly_on_a_mismatch():
-    """metadata_readback carries match and both checksums; they differ on the lost race, agree after."""
+    """metadata_readback carries match and both checksums; they differ on the lost race, agree after. The staged
+    checksum is computed when the rows are flushed (``Later``): until then the sink has the rows before the first
+    readback row, none after it (rows reach it in order)."""
     events = []
-    meta = metadata(FakeCopyWorker(lost_races=1), instrumentation=Instrumentation(events.append))
+    instrumentation = Instrumentation(events.append)
+    meta = metadata(FakeCopyWorker(lost_races=1), instrumentation=instrumentation)
     meta.prepare(0, table(1))
+    assert [e["type"] for e in events] == ["metadata_upload"] and instrumentation.pending == 5
+    instrumentation.flush()
     uploads = [(e["shard"], e["attempt"]) for e in events if e["type"] == "metadata_upload"]
     readbacks = [e for e in events if e["type"] == "metadata_readback"]
     assert uploads == [(0, 1), (0, 2), (1, 1)]
@@ -276,9 +281,12 @@ def test_a_staged_content_is_digested_once_for_every_buffer_it_is_uploaded_to(mo
     digested = []
     monkeypatch.setattr(module, "checksum_bytes", lambda data: digested.append(data) or checksum_bytes(data))
     events = []
-    meta = metadata(SimDevice(), instrumentation=Instrumentation(events.append))
+    instrumentation = Instrumentation(events.append)
+    meta = metadata(SimDevice(), instrumentation=instrumentation)
     for buffer, content in ((0, 1), (1, 1), (0, 2), (1, 2)):
         meta.prepare(buffer, table(content))
+    assert digested == []  # when the rows are flushed
+    instrumentation.flush()
     readbacks = [e for e in events if e["type"] == "metadata_readback"]
     shards = [t for c in (1, 2) for t in table(c).chunk(2, dim=1)]
     assert len(readbacks) == 8 and digested == [shard.contiguous().numpy().tobytes() for shard in shards]
