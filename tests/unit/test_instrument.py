@@ -254,3 +254,28 @@ def test_digest_rows_hand_out_their_rows_once_and_read_back_as_the_batchs_digest
     assert rows.taken == 4, "a refused take takes nothing"
     with pytest.raises(ValueError, match=r"int64 \[n, 2\]"):
         DigestRows(device[:, :1], host[:, :1], landing)
+
+
+def test_a_later_field_is_computed_at_the_flush_and_its_row_keeps_its_place(rows):
+    """A ``Later`` field is host work moved into the flush: its row waits (and rows after it) until a flush, which
+    computes it once a field, beside device values of other kinds, and delivers in ``seq`` order."""
+    from mini_engine.instrument import Later
+
+    calls = []
+
+    def digest(data: bytes) -> int:
+        calls.append(data)
+        return len(data)
+
+    events = Instrumentation(rows.append)
+    device = Landing(7)
+    events.emit("metadata_readback", staged=Later(digest, b"abc"))
+    events.emit("host", n=1)
+    events.emit("slot_write", checksum=device)
+    assert rows == [] and calls == [] and events.pending == 3
+    events.flush()  # the device value has not landed: the rows before it go
+    assert [(r["type"], r.get("staged")) for r in rows] == [("metadata_readback", 3), ("host", None)]
+    assert calls == [b"abc"] and events.pending == 1
+    device.landed = True
+    events.flush()
+    assert [r["seq"] for r in rows] == [1, 2, 3] and rows[-1]["checksum"] == 7 and calls == [b"abc"]
