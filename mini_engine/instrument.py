@@ -66,11 +66,12 @@ class Later(Deferred):
     nothing on the step's path waits for, into the flush, which the engine makes in the device's shadow where it
     can (``Engine._process``)."""
 
-    __slots__ = ("args", "fn")
+    __slots__ = ("args", "fn", "value")
     _LANDING = object()  # one landing for them all: asked once a flush
+    _NONE = object()  # not computed yet
 
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn, self.args = fn, args
+        self.fn, self.args, self.value = fn, args, Later._NONE
 
     def landing(self) -> object:
         return Later._LANDING
@@ -83,7 +84,11 @@ class Later(Deferred):
 
     @classmethod
     def resolve_all(cls, values: list[Later]) -> list[Any]:
-        return [v.fn(*v.args) for v in values]
+        """Each value, computed once however many fields hold it."""
+        for v in values:
+            if v.value is Later._NONE:
+                v.value = v.fn(*v.args)
+        return [v.value for v in values]
 
 
 class Instrumentation:

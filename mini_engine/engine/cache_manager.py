@@ -36,7 +36,7 @@ from mini_engine.engine.config import EngineConfig
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.request import Commit, Request, prefix_digest
 from mini_engine.engine.storage import KVStorage, StateStorage
-from mini_engine.instrument import Instrumentation
+from mini_engine.instrument import Instrumentation, Later
 from mini_engine.ops.checksum.deferred import DigestRows
 
 __all__ = ["CacheManager", "TREE_PAGES", "TREE_SLOTS"]
@@ -170,10 +170,10 @@ class CacheManager:
                                                                     into=into), label=f"restore:{source}->{live}")
         self.fences.after(self.stream, [live, source])
         if self.events.enabled:
-            with self.events.timing():  # (the prefix digest: the ledger's own host time)
+            with self.events.timing():  # (the prefix digest at the flush: ``Later``)
                 self.events.emit("restore", rid=rid, src=source, dst=live, position=position,
                                  node=request.match_node.node_id,
-                                 prefix=prefix_digest(request.extra_key, request.prompt[:position]))
+                                 prefix=Later(prefix_digest, request.extra_key, request.prompt[:position]))
 
     def _copy_reported(self, type_: str, dst: int, src: int, length: int, *, into: DigestRows | None = None,
                        **ids) -> None:
@@ -283,8 +283,8 @@ class CacheManager:
             self._free_slot(slot, TREE_SLOTS)
         if not self.events.enabled:
             return
-        with self.events.timing():  # the row's prefix digest too; with refs a cold forward of the prefix
-            prefix = prefix_digest(request.extra_key, tokens)
+        with self.events.timing():  # the row's prefix digest at the flush (``Later``); with refs a cold forward
+            prefix = Later(prefix_digest, request.extra_key, tokens)  # (``tokens``: a slice, nothing changes it)
             self.events.emit("donate", rid=request.rid, slot=slot, position=len(tokens), node=result.node.node_id,
                              prefix=prefix, stored=result.snapshot_stored, policy=self.config.donate_policy)
             if self.reference_checksum is not None:

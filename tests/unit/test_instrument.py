@@ -258,7 +258,8 @@ def test_digest_rows_hand_out_their_rows_once_and_read_back_as_the_batchs_digest
 
 def test_a_later_field_is_computed_at_the_flush_and_its_row_keeps_its_place(rows):
     """A ``Later`` field is host work moved into the flush: its row waits (and rows after it) until a flush, which
-    computes it once a field, beside device values of other kinds, and delivers in ``seq`` order."""
+    computes it once however many fields hold it, beside device values of other kinds, and delivers in ``seq``
+    order."""
     from mini_engine.instrument import Later
 
     calls = []
@@ -269,12 +270,14 @@ def test_a_later_field_is_computed_at_the_flush_and_its_row_keeps_its_place(rows
 
     events = Instrumentation(rows.append)
     device = Landing(7)
-    events.emit("metadata_readback", staged=Later(digest, b"abc"))
+    staged = Later(digest, b"abc")
+    events.emit("metadata_readback", staged=staged, readback=staged)  # one value, two fields
     events.emit("host", n=1)
     events.emit("slot_write", checksum=device)
     assert rows == [] and calls == [] and events.pending == 3
     events.flush()  # the device value has not landed: the rows before it go
-    assert [(r["type"], r.get("staged")) for r in rows] == [("metadata_readback", 3), ("host", None)]
+    assert [(r["type"], r.get("staged"), r.get("readback")) for r in rows] == [("metadata_readback", 3, 3),
+                                                                                ("host", None, None)]
     assert calls == [b"abc"] and events.pending == 1
     device.landed = True
     events.flush()
