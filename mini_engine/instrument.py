@@ -13,8 +13,9 @@ On a GPU a checksum is a device value: reading it at once would stall the host o
 slot event. There a device-side event carries ``Deferred`` fields (a checksum still being computed on
 its stream); the row keeps its ``seq`` and waits in a queue, and ``flush`` hands rows to the sink in
 ``seq`` order once their values have landed, all of them read back in one copy. A ``Later`` field is host work
-moved into the flush (a value nothing waits for, computed there). ``flush(wait=True)``
-waits for them (the engine does when it goes idle). ``emit_rows`` queues the rows of a whole step at once: they
+moved into the flush (a value nothing waits for, computed there). ``flush(wait=True)`` waits for them (the
+engine does when it goes idle; while busy it flushes where the host is about to block on the device anyway, else
+every few steps: ``Engine._process``). ``emit_rows`` queues the rows of a whole step at once: they
 take their ``seq``s when emitted and are made from one value (say the step's digests, read back together) when it
 lands, with no ``Deferred`` per field and no row until then (a decode step's rows, batch 32, cost 0.39x the host
 time of one ``emit`` each on the CPU, about what rows of host values cost: ``benchmarks/ledger_rows.py``).
