@@ -108,12 +108,12 @@ class Instrumentation:
 
     @property
     def queued(self) -> bool:
-        """Whether rows wait for device values (``pending`` without the count)."""
+        """Whether rows wait for device values or ``Later`` work (``pending`` without the count)."""
         return bool(self._queue)
 
     @property
     def pending(self) -> int:
-        """Rows emitted but not yet handed to the sink (waiting for device values)."""
+        """Rows emitted but not yet handed to the sink (waiting for device values or ``Later`` work)."""
         return sum(1 if type(held) is dict else held.count for held, _ in self._queue)
 
     @property
