@@ -282,3 +282,30 @@ def test_a_later_field_is_computed_at_the_flush_and_its_row_keeps_its_place(rows
     device.landed = True
     events.flush()
     assert [r["seq"] for r in rows] == [1, 2, 3] and rows[-1]["checksum"] == 7 and calls == [b"abc"]
+
+
+def test_a_later_held_by_two_rows_flushed_apart_is_computed_once(rows):
+    """A donate row and its ``reference_state`` row share one ``Later`` prefix: when a device value that has not
+    landed sits between them, the first row goes at one flush and the second at a later one, with the same value,
+    computed once."""
+    from mini_engine.instrument import Later
+
+    calls = []
+
+    def digest(data: bytes) -> int:
+        calls.append(data)
+        return len(data)
+
+    events = Instrumentation(rows.append)
+    device = Landing(5)
+    prefix = Later(digest, b"prefix")
+    events.emit("donate", prefix=prefix)
+    events.emit("slot_write", checksum=device)
+    events.emit("reference_state", prefix=prefix)
+    events.flush()
+    assert [(r["type"], r["prefix"]) for r in rows] == [("donate", 6)] and calls == [b"prefix"]
+    device.landed = True
+    events.flush()
+    assert [(r["type"], r.get("prefix")) for r in rows] == [("donate", 6), ("slot_write", None),
+                                                            ("reference_state", 6)]
+    assert calls == [b"prefix"]
