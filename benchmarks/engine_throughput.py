@@ -119,10 +119,20 @@ def _safeguard_work(engine: Engine) -> dict:
             "readbacks": engine.metadata.readbacks, "readback_seconds": engine.metadata.readback_seconds,
             # the slot ledger's (instrumentation's) own: slot bytes its checksums read, host time it took
             "hashed_bytes": engine.states.hashed_bytes, "ledger_host_seconds": engine.events.host_seconds,
-            # of it, the flushes made while the host was about to block on a batch still running (no wall time)
+            # of it, the flushes made while the host was about to block on a batch still running (no wall time
+            # where the batch was still running when they ended; those it was not, the overruns, up to all theirs)
             "ledger_shadow_seconds": engine.shadow_flush_seconds,
+            "ledger_overrun_seconds": engine.shadow_overrun_seconds,
             # the host's time blocked on a batch's results: the device's shadow, where host work costs no wall time
             "host_waited_seconds": engine.runner.waited}
+
+
+def _on_path(runs: list[dict]) -> dict:
+    """Of each run, the share of its time that its ledger's host work can have added to the run's wall time: all of
+    it but the flushes in the device's shadow that ended with the batch still running (``_safeguard_work``)."""
+    shares = [(w["ledger_host_seconds"] - w["ledger_shadow_seconds"] + w["ledger_overrun_seconds"]) / r["seconds"]
+              for r in runs for w in [r["safeguard_work"]]]
+    return {"median": statistics.median(shares), "min": min(shares), "max": max(shares), "runs": shares}
 
 
 def _serve(engine: Engine, requests, max_tokens: int) -> list[str]:
@@ -212,6 +222,12 @@ def main() -> None:
               f"({ledger['host_seconds'] / ledger['seconds']:.2%} of the run; on the sim the checksums themselves), "
               f"{ledger['shadow_seconds'] * 1e3:.1f} ms of it flushes in the device's shadow; "
               f"the host blocked on the device {ledger['host_waited_seconds'] * 1e3:.1f} ms")
+        ledger["on_path"] = _on_path(rows[ledger_mode])
+        print(f"  of each of its runs, the ledger's host time on the step's path at most (its host time less the "
+              f"shadow flushes the device outlasted): {ledger['on_path']['median']:.2%} "
+              f"[{ledger['on_path']['min']:.2%}, {ledger['on_path']['max']:.2%}] (median [lowest, highest]; a "
+              f"within-run share, which a host whose speed drifts scales alike in both terms; not in it: the "
+              f"ledger's device time and what its work costs the engine's own, caches and allocations)")
     bound = None
     if args.device == "cuda":
         bandwidth = copy_bandwidth()

@@ -136,7 +136,8 @@ def main() -> None:
           f"{args.repeats}; ratio {statistics.median(p / b for p, b in zip(plain, base)):.3f}); with timers "
           f"{result['seconds']:.3f} s, {result['ledger_rows']} rows, {steps} steps, the ledger's host time "
           f"{host * 1e3:.1f} ms ({result['safeguard_work']['ledger_shadow_seconds'] * 1e3:.1f} of it flushes in the "
-          f"device's shadow)")
+          f"device's shadow, {result['safeguard_work']['ledger_overrun_seconds'] * 1e3:.1f} of those outlasted by "
+          f"the device)")
     print(f"{'function (inclusive)':<44}{'calls':>8}{'ms':>9}{'us/call':>9}{'us/step':>9}")
     for name, (calls, seconds) in totals.items():
         print(f"{name:<44}{calls:>8}{seconds * 1e3:>9.2f}{seconds / max(calls, 1) * 1e6:>9.2f}"

@@ -133,6 +133,8 @@ class Engine:
         self._in_flight: Batch | None = None
         self._flushed = 0  # the step of the ledger's last flush
         self.shadow_flushes, self.shadow_flush_seconds = 0, 0.0  # the ledger's flushes in the device's shadow
+        # those of them the batch finished during: up to all of their time was on the step's path
+        self.shadow_overruns, self.shadow_overrun_seconds = 0, 0.0
         self._ids = itertools.count()
 
     # -- the embedded API ----------------------------------------------------------------------
@@ -329,8 +331,12 @@ class Engine:
             # shadow, where their host time costs the run nothing (``shadow_flush_seconds``)
             started = time.perf_counter()
             self._flush()
+            seconds = time.perf_counter() - started
             self.shadow_flushes += 1
-            self.shadow_flush_seconds += time.perf_counter() - started
+            self.shadow_flush_seconds += seconds
+            if self.device.is_complete(batch.done):  # the device finished first: the host may have made it wait
+                self.shadow_overruns += 1
+                self.shadow_overrun_seconds += seconds
         sampled = self.runner.results(batch)
         for item, (token, check) in zip(batch.items, sampled):
             request = item.request

@@ -162,3 +162,38 @@ def test_the_ledger_is_flushed_in_the_devices_shadow_when_the_host_is_about_to_w
     probes = [r for r in rows if r["type"] == "probe"]
     assert [r["value"] for r in probes] == [r["batch"] for r in probes] == list(range(1, len(probes) + 1))
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+
+
+def test_a_shadow_flush_the_device_finished_during_is_counted_as_an_overrun(tiny_model):
+    """A flush in the device's shadow is free only while the device is still running: the engine counts, with its
+    time, each one the batch finished during (up to all of it was on the step's path). Here the sim device runs some
+    of its queue while the host flushes, as a GPU does: the overruns are exactly the shadow flushes whose batch had
+    finished by the flush's end."""
+    rows = []
+    engine = Engine(EngineConfig(overlap=True, device_seed=3), model=tiny_model, sink=rows.append)
+    flush, results = engine.events.flush, engine.runner.results
+    seen = [0, 0]  # the shadow flushes and overruns counted so far
+    log = []  # per wait for results: (a shadow flush ran, an overrun was counted, the batch had finished)
+
+    def flushed(*, wait=False):
+        flush(wait=wait)
+        engine.device.progress()  # the device runs on while the host flushes
+
+    def resulted(batch):
+        counts = (engine.shadow_flushes, engine.shadow_overruns)
+        log.append((counts[0] > seen[0], counts[1] > seen[1], engine.device.is_complete(batch.done)))
+        seen[:] = counts
+        return results(batch)
+
+    engine.events.flush, engine.runner.results = flushed, resulted
+    rnd = random.Random(4)
+    for n in (40, 70, 90):
+        engine.submit(tokens(rnd, n), SamplingParams(max_tokens=20))
+    drive(engine)
+    shadows = [(overran, finished) for shadow, overran, finished in log if shadow]
+    assert all(overran == finished for overran, finished in shadows)
+    assert not any(overran for shadow, overran, _ in log if not shadow)
+    assert {overran for overran, _ in shadows} == {True, False}  # both kinds seen
+    assert engine.shadow_overruns == sum(overran for overran, _ in shadows)
+    assert 0 < engine.shadow_overrun_seconds < engine.shadow_flush_seconds
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
