@@ -12,13 +12,14 @@ it wrote or read, so on the sim device ``seq`` is the order things really happen
 On a GPU a checksum is a device value: reading it at once would stall the host on the stream for every
 slot event. There a device-side event carries ``Deferred`` fields (a checksum still being computed on
 its stream); the row keeps its ``seq`` and waits in a queue, and ``flush`` hands rows to the sink in
-``seq`` order once their values have landed, all of them read back in one copy. A ``Later`` field is host work
+``seq`` order once their values have landed, read back together. A ``Later`` field is host work
 moved into the flush (a value nothing waits for, computed there). ``flush(wait=True)`` waits for them (the
-engine does when it goes idle; while busy it flushes where the host is about to block on the device anyway, else
-every few steps: ``Engine._process``). ``emit_rows`` queues the rows of a whole step at once: they
-take their ``seq``s when emitted and are made from one value (say the step's digests, read back together) when it
-lands, with no ``Deferred`` per field and no row until then (a decode step's rows, batch 32, cost 0.39x the host
-time of one ``emit`` each on the CPU, about what rows of host values cost: ``benchmarks/ledger_rows.py``).
+engine does when it goes idle; while busy it flushes where the host is about to block on the device anyway, a
+chunk of rows at a time until the device has finished (``flush(until=)``), else every few steps:
+``Engine._process``). ``emit_rows`` queues the rows of a whole step at once: they take their ``seq``s when
+emitted and are made from one value (say the step's digests, read back together) when it lands, with no
+``Deferred`` per field and no row until then (a decode step's rows, batch 32, cost 0.39x the host time of one
+``emit`` each on the CPU, about what rows of host values cost: ``benchmarks/ledger_rows.py``).
 
 ``host_seconds`` counts the host time the instrumentation costs the engine: inside ``emit`` and ``flush``
 (the sink's own time included; not ``flush(wait=True)``'s wait for the device) and inside ``timing()``,
@@ -32,9 +33,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Deferred", "Instrumentation", "Later", "Sink"]
+__all__ = ["FLUSH_CHUNK_ROWS", "Deferred", "Instrumentation", "Later", "Sink"]
 
 Sink = Callable[[dict[str, Any]], None]
+# the rows a flush with an end (``flush(until=)``) delivers between its checks of that end: a decode step's at batch 32
+FLUSH_CHUNK_ROWS = 64
 
 
 class Deferred:
@@ -154,30 +157,45 @@ class Instrumentation:
             else:
                 self._deliver(rows)
 
-    def flush(self, *, wait: bool = False) -> None:
+    def flush(self, *, wait: bool = False, until: Callable[[], bool] | None = None) -> bool:
         """Hand the sink every queued row whose device values (and every earlier row's) have landed;
-        with ``wait``, all of them, blocking until they land."""
+        with ``wait``, all of them, blocking until they land. With ``until`` (a flush while the host has time to
+        spare, which ends when ``until()`` is true: the device's shadow), they go ``FLUSH_CHUNK_ROWS`` rows at a time
+        and the flush stops once ``until()`` is true, the rest left queued. Returns whether every row that had landed
+        went."""
         if not self._queue:
-            return
+            return True
         if wait:  # (the device's time, not the instrumentation's: not counted in host_seconds)
             landings = {row[k].landing(): row[k] for row, keys in self._queue for k in keys}
             for v in landings.values():
                 v.wait()
         with self.timing():
-            self._flush()
+            return self._flush(until)
 
-    def _flush(self) -> None:
+    def _flush(self, until: Callable[[], bool] | None) -> bool:
         landed: dict[object, bool] = {}  # a landing asked once per flush (a batch's digests share one event)
-        ready_rows = 0
+        ready = 0
         for row, keys in self._queue:
             if not _landed(row, keys, landed):
                 break
-            ready_rows += 1
-        rows, self._queue = self._queue[:ready_rows], self._queue[ready_rows:]
-        # read back together: the values of every kind that shares a ``resolve_all`` (a subclass that only
-        # ``finish``es differently), one call for them all
+            ready += 1
+        while ready:
+            take = ready if until is None else _chunk(self._queue, ready)
+            held, self._queue = self._queue[:take], self._queue[take:]
+            ready -= take
+            self._resolve(held)
+            for row, _ in held:
+                self._deliver(row)
+            if ready and until():
+                return False
+        return True
+
+    @staticmethod
+    def _resolve(held: list[tuple[dict[str, Any] | _Rows, Sequence[str]]]) -> None:
+        """Put the values of rows that have landed in place, read back together: the values of every kind that
+        shares a ``resolve_all`` (a subclass that only ``finish``es differently), one call for them all."""
         places: dict[type, list[tuple[dict[str, Any], str]]] = {}  # a kind -> where its values are
-        for row, keys in rows:
+        for row, keys in held:
             for key in keys:
                 places.setdefault(type(row[key]), []).append((row, key))
         by_resolve: dict[Any, tuple[type, list[tuple[dict[str, Any], str]]]] = {}  # resolve_all -> (a kind, places)
@@ -186,8 +204,6 @@ class Instrumentation:
         for kind, where in by_resolve.values():
             for (row, key), value in zip(where, kind.resolve_all([row[key] for row, key in where])):
                 row[key] = value
-        for held, _ in rows:
-            self._deliver(held)
 
     def _deliver(self, held: dict[str, Any] | _Rows) -> None:
         if type(held) is dict:
@@ -221,6 +237,17 @@ class _Rows:
             raise RuntimeError(f"emit_rows' rows are numbered {rows[0]['seq']}..{rows[-1]['seq']}; their seqs are "
                                f"{seq}..{seq + count - 1}")
         return rows
+
+
+def _chunk(queue: list[tuple[dict[str, Any] | _Rows, Sequence[str]]], ready: int) -> int:
+    """How many of the first ``ready`` entries of ``queue`` make the next ``FLUSH_CHUNK_ROWS`` rows (at least one)."""
+    rows = 0
+    for i in range(ready):
+        held = queue[i][0]
+        rows += 1 if type(held) is dict else held.count
+        if rows >= FLUSH_CHUNK_ROWS:
+            return i + 1
+    return ready
 
 
 def _landed(row: dict[str, Any], keys: list[str], landed: dict[object, bool]) -> bool:

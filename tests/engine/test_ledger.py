@@ -83,8 +83,8 @@ def test_the_ledger_is_flushed_every_few_steps_while_busy_and_waited_for_once_id
     engine = Engine(EngineConfig(overlap=True), model=tiny_model, sink=rows.append)
     flushes = []  # (step, wait, the shadow flushes before it)
     flush = engine.events.flush
-    engine.events.flush = lambda *, wait=False: (flushes.append((engine.steps, wait, engine.shadow_flushes)),
-                                                 flush(wait=wait))
+    engine.events.flush = lambda *, wait=False, until=None: (
+        flushes.append((engine.steps, wait, engine.shadow_flushes)), flush(wait=wait, until=until))[1]
     engine.submit(tokens(random.Random(2), 70), SamplingParams(max_tokens=2 * LEDGER_FLUSH_STEPS + 3))
     drive(engine)
     last = engine.steps
@@ -130,9 +130,9 @@ def test_the_ledger_is_flushed_in_the_devices_shadow_when_the_host_is_about_to_w
     flush, results, launch = engine.events.flush, engine.runner.results, engine.runner.launch
     seen = [0]  # the shadow flushes counted so far
 
-    def flushed(*, wait=False):
+    def flushed(*, wait=False, until=None):
         log.append(("flush", engine.steps, wait))
-        flush(wait=wait)
+        return flush(wait=wait, until=until)
 
     def resulted(batch):
         shadow, seen[0] = engine.shadow_flushes > seen[0], engine.shadow_flushes
@@ -164,20 +164,32 @@ def test_the_ledger_is_flushed_in_the_devices_shadow_when_the_host_is_about_to_w
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
 
 
-def test_a_shadow_flush_the_device_finished_during_is_counted_as_an_overrun(tiny_model):
-    """A flush in the device's shadow is free only while the device is still running: the engine counts, with its
-    time, each one the batch finished during (up to all of it was on the step's path). Here the sim device runs some
-    of its queue while the host flushes, as a GPU does: the overruns are exactly the shadow flushes whose batch had
-    finished by the flush's end."""
+def test_a_shadow_flush_stops_when_the_batch_finishes_and_one_it_outlasted_is_an_overrun(tiny_model, monkeypatch):
+    """A flush in the device's shadow is free only while the device is still running: it delivers its rows a chunk at
+    a time and stops once the batch has finished (the rest go later, in order), and the engine counts, with its time,
+    each one the batch finished during (up to all of it was on the step's path). Here the sim device runs some of its
+    queue while the host flushes, as a GPU does (between a flush's chunks); a row a batch lands with its
+    results, as the CUDA digests do, and a chunk is 4 rows (a sim step makes few)."""
+    from mini_engine import instrument
+    from mini_engine.engine.engine import LEDGER_FLUSH_STEPS
+
+    monkeypatch.setattr(instrument, "FLUSH_CHUNK_ROWS", 4)
     rows = []
     engine = Engine(EngineConfig(overlap=True, device_seed=3), model=tiny_model, sink=rows.append)
     flush, results = engine.events.flush, engine.runner.results
     seen = [0, 0]  # the shadow flushes and overruns counted so far
     log = []  # per wait for results: (a shadow flush ran, an overrun was counted, the batch had finished)
+    flushes = []  # (step, cut short, rows delivered, rows still queued)
 
-    def flushed(*, wait=False):
-        flush(wait=wait)
-        engine.device.progress()  # the device runs on while the host flushes
+    def flushed(*, wait=False, until=None):
+        def running_until():  # the device has run some of its queue while the host delivered a chunk
+            engine.device.progress()
+            return until()
+
+        before = len(rows)
+        went = flush(wait=wait, until=None if until is None else running_until)
+        flushes.append((engine.steps, not went, len(rows) - before, engine.events.pending))
+        return went
 
     def resulted(batch):
         counts = (engine.shadow_flushes, engine.shadow_overruns)
@@ -185,7 +197,13 @@ def test_a_shadow_flush_the_device_finished_during_is_counted_as_an_overrun(tiny
         seen[:] = counts
         return results(batch)
 
-    engine.events.flush, engine.runner.results = flushed, resulted
+    def launched(items):
+        batch = launch(items)
+        engine.events.emit("probe", batch=batch.index, value=_Landing(engine.device, batch.done, batch.index))
+        return batch
+
+    launch = engine.runner.launch
+    engine.events.flush, engine.runner.results, engine.runner.launch = flushed, resulted, launched
     rnd = random.Random(4)
     for n in (40, 70, 90):
         engine.submit(tokens(rnd, n), SamplingParams(max_tokens=20))
@@ -196,4 +214,10 @@ def test_a_shadow_flush_the_device_finished_during_is_counted_as_an_overrun(tiny
     assert {overran for overran, _ in shadows} == {True, False}  # both kinds seen
     assert engine.shadow_overruns == sum(overran for overran, _ in shadows)
     assert 0 < engine.shadow_overrun_seconds < engine.shadow_flush_seconds
+    # some flushes were cut short, after a chunk, with rows left; a cut-short flush leaves the next periodic flush
+    # where it was: complete flushes come no more than LEDGER_FLUSH_STEPS steps apart
+    short = [f for f in flushes if f[1]]
+    assert short and all(delivered >= 4 and left for _, _, delivered, left in short)
+    complete = [step for step, cut, *_ in flushes if not cut]
+    assert all(b - a <= LEDGER_FLUSH_STEPS for a, b in zip([0, *complete], complete))
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))

@@ -309,3 +309,30 @@ def test_a_later_held_by_two_rows_flushed_apart_is_computed_once(rows):
     assert [(r["type"], r.get("prefix")) for r in rows] == [("donate", 6), ("slot_write", None),
                                                             ("reference_state", 6)]
     assert calls == [b"prefix"]
+
+
+def test_a_flush_with_an_end_goes_a_chunk_at_a_time_and_stops_there(rows, monkeypatch):
+    """``flush(until=)`` delivers ``FLUSH_CHUNK_ROWS`` rows at a time (a step's ``emit_rows`` counting as its rows),
+    asks ``until`` only between chunks with rows left, and once it is true leaves the rest queued and says so; the
+    next flush delivers them, in ``seq`` order, each value read once."""
+    from mini_engine import instrument
+
+    monkeypatch.setattr(instrument, "FLUSH_CHUNK_ROWS", 3)
+    events = Instrumentation(rows.append)
+    device = Landing(9)
+    events.emit("slot_write", checksum=device)  # everything waits behind it
+    for i in range(4):
+        events.emit("host", i=i)
+    events.emit_rows(3, device, lambda digest, step, seq: [{"type": "step", "step": step, "seq": seq + j,
+                                                            "checksum": digest} for j in range(3)])
+    events.emit("host", i=4)
+    device.landed = True
+    asked = []
+    assert events.flush(until=lambda: asked.append(len(rows)) or len(asked) == 2) is False
+    # the second chunk: two rows, then the step's three (they go together)
+    assert asked == [3, 8] and [r["seq"] for r in rows] == list(range(1, 9)) and events.pending == 1
+    assert rows[0]["checksum"] == 9
+    assert events.flush(until=lambda: asked.append(len(rows)) or False) is True  # the rest: one chunk, no question
+    assert asked == [3, 8] and [r["seq"] for r in rows] == list(range(1, 10)) and events.pending == 0
+    assert [r.get("checksum") for r in rows[5:8]] == [9, 9, 9]
+    assert events.flush(until=lambda: True) is True  # nothing queued
