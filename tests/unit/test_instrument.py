@@ -256,6 +256,15 @@ def test_digest_rows_hand_out_their_rows_once_and_read_back_as_the_batchs_digest
         DigestRows(device[:, :1], host[:, :1], landing)
 
 
+def _recorded_length(calls: list[bytes]):
+    """A digest's stand-in for ``Later``: the bytes' length, each call recorded in ``calls``."""
+    def digest(data: bytes) -> int:
+        calls.append(data)
+        return len(data)
+
+    return digest
+
+
 def test_a_later_field_is_computed_at_the_flush_and_its_row_keeps_its_place(rows):
     """A ``Later`` field is host work moved into the flush: its row waits (and rows after it) until a flush, which
     computes it once however many fields hold it, beside device values of other kinds, and delivers in ``seq``
@@ -263,11 +272,7 @@ def test_a_later_field_is_computed_at_the_flush_and_its_row_keeps_its_place(rows
     from mini_engine.instrument import Later
 
     calls = []
-
-    def digest(data: bytes) -> int:
-        calls.append(data)
-        return len(data)
-
+    digest = _recorded_length(calls)
     events = Instrumentation(rows.append)
     device = Landing(7)
     staged = Later(digest, b"abc")
@@ -291,11 +296,7 @@ def test_a_later_held_by_two_rows_flushed_apart_is_computed_once(rows):
     from mini_engine.instrument import Later
 
     calls = []
-
-    def digest(data: bytes) -> int:
-        calls.append(data)
-        return len(data)
-
+    digest = _recorded_length(calls)
     events = Instrumentation(rows.append)
     device = Landing(5)
     prefix = Later(digest, b"prefix")
