@@ -106,6 +106,19 @@ def run(model, options: dict, device: str = "sim", dtype: str = "float32", max_t
             "ledger_rows": None if rows is None else len(rows), "safeguard_work": work}
 
 
+def _host_probe(iterations: int = 100_000, tries: int = 3) -> float:
+    """Seconds a fixed pure-Python loop takes now, the fastest of ``tries`` (an interrupt inside one is not the
+    host's speed): the host's speed at the time. A host whose clock or neighbours change moves it run to run, and
+    the wall-time ratios of host-bound runs move with it."""
+    times = []
+    for _ in range(tries):
+        started, total = time.perf_counter(), 0
+        for i in range(iterations):
+            total += i
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
 def _preempted() -> int:
     """The calling thread's involuntary context switches so far (the process's where a thread's are not kept)."""
     return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_nivcsw
@@ -169,7 +182,8 @@ def main() -> None:
     rows = {}
     for _ in range(args.repeats):  # interleaved, so drift on a noisy machine hits every mode alike
         for name in args.modes:
-            rows.setdefault(name, []).append(run(model, MODES[name], **settings))
+            probe = _host_probe()
+            rows.setdefault(name, []).append({**run(model, MODES[name], **settings), "host_probe_seconds": probe})
             print(f"  {name}: {rows[name][-1]['seconds']:.3f} s", flush=True)  # kept if the run is cut short
     base_runs = rows[args.modes[0]]
     summary = {}
@@ -197,6 +211,11 @@ def main() -> None:
               f"{r['hit_rate']:>7.0%}{r['steps']:>7}{r['spread']:>8.1%}   "
               f"{r['ratio']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]   {r['best_ratio']:.3f}   "
               f"{r['cpu_ratio']:.3f} [{r['cpu_ratio_min']:.3f}, {r['cpu_ratio_max']:.3f}]   {r['preempted']:>9.0f}")
+    probes = [r["host_probe_seconds"] for runs in rows.values() for r in runs]
+    host_probe = {"min": min(probes), "max": max(probes), "spread": max(probes) / min(probes) - 1}
+    print(f"the host's speed: a fixed Python loop before each run took {host_probe['min'] * 1e3:.1f}-"
+          f"{host_probe['max'] * 1e3:.1f} ms ({host_probe['spread']:.0%} apart); a host-bound run's wall time moves "
+          f"with it, so a ratio finer than that spread is read from the within-run shares below, not from 'vs base'")
     print("the safeguards' own work in the base's median run (a readback's wait includes the copy stream's "
           "queue and, through its predecessor wait, the forward that last read the buffer: an upper bound of "
           "the fence's cost; on the sim, whatever device work the wait makes run)")
@@ -250,7 +269,7 @@ def main() -> None:
                   f"the base's run; with its host time, {ledger['fraction']:.2%} of its run (a bound: host work that "
                   f"runs while the device is busy costs no wall time; the ratio above is the cost)")
     rows = {"settings": {**settings, "shape": args.shape, "repeats": args.repeats}, "runs": rows, "summary": summary,
-            "safeguard_bound": bound, "ledger_work": ledger}
+            "safeguard_bound": bound, "ledger_work": ledger, "host_probe": host_probe}
     with open(args.out, "w") as handle:
         json.dump(rows, handle, indent=2)
     if args.profile:
