@@ -321,9 +321,12 @@ class Engine:
         else:
             self._actions[step].append(action)
 
-    def _flush(self, *, wait: bool = False, until: Callable[[], bool] | None = None) -> None:
-        if self.events.flush(wait=wait, until=until):  # (one cut short leaves the next periodic flush where it was)
+    def _flush(self, *, wait: bool = False, until: Callable[[], bool] | None = None) -> bool:
+        """``events.flush``; whether it went to the end (one cut short leaves the next periodic flush where it was)."""
+        went = self.events.flush(wait=wait, until=until)
+        if went:
             self._flushed = self.steps
+        return went
 
     def _process(self, batch: Batch) -> None:
         if self.events.queued and not self.device.is_complete(batch.done):
@@ -331,11 +334,12 @@ class Engine:
             # shadow, where their host time costs the run nothing (``shadow_flush_seconds``), a few at a time until
             # the batch has finished (then the host would be making the device wait: the rest go later)
             started = time.perf_counter()
-            self._flush(until=lambda: self.device.is_complete(batch.done))
+            went = self._flush(until=lambda: self.device.is_complete(batch.done))
             seconds = time.perf_counter() - started
             self.shadow_flushes += 1
             self.shadow_flush_seconds += seconds
-            if self.device.is_complete(batch.done):  # the device finished first: the host may have made it wait
+            # the device finished first (a flush cut short has just seen it): the host may have made it wait
+            if not went or self.device.is_complete(batch.done):
                 self.shadow_overruns += 1
                 self.shadow_overrun_seconds += seconds
         sampled = self.runner.results(batch)
