@@ -8,9 +8,13 @@ once that has landed. Both ways run here on the same lanes with the same sink, t
 (``host_seconds``: emit and flush, the sink included) per row compared in one process; a host-valued ``emit`` a
 row (no device values at all: the floor of building a row) is shown beside them. The lanes live on ``--device``
 (on cuda, real events and the lanes copied to pinned host memory each step, as the runner does; on the CPU,
-events that have passed).
+events that have passed). A fourth way queues the step together and flushes as a shadow flush does
+(``flush(until=)``: ``FLUSH_CHUNK_ROWS`` rows at a time, the values of each chunk read back on their own; here
+``until`` is never true, so every landed row still goes): with ``--flush-every N`` > 1 a flush holds N steps'
+rows, and this way shows what reading them back a chunk at a time costs against once a flush.
 
-Usage: ``python benchmarks/ledger_rows.py [--device cpu|cuda] [--batch B] [--steps N] [--repeats R] [--out F]``.
+Usage: ``python benchmarks/ledger_rows.py [--device cpu|cuda] [--batch B] [--steps N] [--flush-every N]
+[--repeats R] [--out F]``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from mini_engine.engine.request import Request, SamplingParams
 from mini_engine.engine.runner import BatchItem
 from mini_engine.engine.step_ledger import decode_step_rows
-from mini_engine.instrument import Instrumentation
+from mini_engine.instrument import FLUSH_CHUNK_ROWS, Instrumentation
 from mini_engine.ops.checksum.deferred import DeviceDigest, DeviceDigests, on_host
 
 
@@ -95,11 +99,19 @@ def host_rows(events: Instrumentation, lanes: torch.Tensor, step: Step, event) -
         events.emit("decode_metadata", batch=1, rid=rid, read_checksum=staged, staged_checksum=staged, match=True)
 
 
-WAYS = {"one emit a row": per_row, "emit_rows (the step together)": together, "host values, one emit a row": host_rows}
+def never() -> bool:
+    """A shadow flush's ``until`` on a device that never finishes first: every landed row goes, a chunk at a time."""
+    return False
 
 
-def run(way, device: str, batch: int, steps: int) -> tuple[float, list[dict]]:
-    """The instrumentation's host seconds per row over ``steps`` steps, and the rows the sink got."""
+# name -> (the step's rows queued, the flush's ``until``)
+WAYS = {"one emit a row": (per_row, None), "emit_rows (the step together)": (together, None),
+        "emit_rows, flushed in chunks": (together, never), "host values, one emit a row": (host_rows, None)}
+
+
+def run(way, until, device: str, batch: int, steps: int, flush_every: int) -> tuple[float, list[dict]]:
+    """The instrumentation's host seconds per row over ``steps`` steps, flushed every ``flush_every`` (with
+    ``until``), and the rows the sink got."""
     rows: list[dict] = []
     events = Instrumentation(rows.append)
     step = step_rows(batch)
@@ -113,7 +125,8 @@ def run(way, device: str, batch: int, steps: int) -> tuple[float, list[dict]]:
             step_lanes, event = on_host(lanes) if device == "cuda" else (lanes.clone(), Passed())
             way(events, step_lanes, step, event)
             events.step += 1
-            events.flush()
+            if events.step % flush_every == 0:
+                events.flush(until=until)
         events.flush(wait=True)
     finally:
         gc.enable()
@@ -125,25 +138,32 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--flush-every", type=int, default=1, help="steps between flushes (the engine's periodic "
+                        "flush: LEDGER_FLUSH_STEPS = 8; its shadow flush: each step)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default="benchmarks/ledger_rows.json")
     args = parser.parse_args()
-    for way in WAYS.values():  # warm-up, discarded
-        run(way, args.device, args.batch, 10)
+    if args.flush_every < 1:
+        parser.error(f"--flush-every must be at least 1 (steps between flushes); got {args.flush_every}")
+    for way, until in WAYS.values():  # warm-up, discarded
+        run(way, until, args.device, args.batch, 10, args.flush_every)
     seconds: dict[str, list[float]] = {name: [] for name in WAYS}
     made = {}
     for _ in range(args.repeats):  # interleaved: drift on a noisy machine hits every way alike
-        for name, way in WAYS.items():
-            per, made[name] = run(way, args.device, args.batch, args.steps)
+        for name, (way, until) in WAYS.items():
+            per, made[name] = run(way, until, args.device, args.batch, args.steps, args.flush_every)
             seconds[name].append(per)
-    first, second = made["one emit a row"], made["emit_rows (the step together)"]
-    if first != second:
-        raise SystemExit("the two ways made different rows")
+    first = made["one emit a row"]
+    for name in ("emit_rows (the step together)", "emit_rows, flushed in chunks"):
+        if made[name] != first:
+            raise SystemExit(f"{name!r} made different rows from one emit a row")
     base = statistics.median(seconds["one emit a row"])
-    results = {"device": args.device, "batch": args.batch, "steps": args.steps, "repeats": args.repeats,
+    results = {"device": args.device, "batch": args.batch, "steps": args.steps, "flush_every": args.flush_every,
+               "chunk_rows": FLUSH_CHUNK_ROWS, "repeats": args.repeats,
                "rows_a_run": len(first), "ways": {}}
-    print(f"a decode step's ledger rows, batch {args.batch}, {args.steps} steps ({len(first)} rows), {args.device}; "
-          f"median of {args.repeats} interleaved runs")
+    print(f"a decode step's ledger rows, batch {args.batch}, {args.steps} steps ({len(first)} rows), flushed every "
+          f"{args.flush_every} (chunks of {FLUSH_CHUNK_ROWS} rows), {args.device}; median of {args.repeats} "
+          "interleaved runs")
     print(f"{'way':34} {'us a row':>9} {'[min, max]':>16} {'vs one emit a row':>18}")
     for name, values in seconds.items():
         median = statistics.median(values)
