@@ -18,8 +18,8 @@ engine does when it goes idle; while busy it flushes where the host is about to 
 chunk of rows at a time until the device has finished (``flush(until=)``), else every few steps:
 ``Engine._process``). ``emit_rows`` queues the rows of a whole step at once: they take their ``seq``s when
 emitted and are made from one value (say the step's digests, read back together) when it lands, with no
-``Deferred`` per field and no row until then (a decode step's rows, batch 32, cost 0.39x the host time of one
-``emit`` each on the CPU, about what rows of host values cost: ``benchmarks/ledger_rows.py``).
+``Deferred`` per field and no row until then (a decode step's rows, batch 32, cost 0.20-0.26x the host time of one
+``emit`` each on the CPU, less than rows of host values do: ``benchmarks/ledger_rows.py``, session 26).
 
 ``host_seconds`` counts the host time the instrumentation costs the engine: inside ``emit`` and ``flush``
 (the sink's own time included; not ``flush(wait=True)``'s wait for the device) and inside ``timing()``,
