@@ -4,7 +4,7 @@ A decode step of B sequences gives the ledger 2B rows (each sequence's ``slot_wr
 whose checksums are device values. Emitted a row at a time, each row carries ``DeviceDigest`` fields (one object
 per field), is queued, checked for landing and resolved field by field at the flush. ``Instrumentation.emit_rows``
 queues the step as one entry with one value (``DeviceDigests``, the step's 2B digests) and makes its rows only
-once that has landed. Both ways run here on the same lanes with the same sink, the instrumentation's own host time
+once that has landed. Every way runs here on the same lanes with the same sink, the instrumentation's own host time
 (``host_seconds``: emit and flush, the sink included) per row compared in one process; a host-valued ``emit`` a
 row (no device values at all: the floor of building a row) is shown beside them. The lanes live on ``--device``
 (on cuda, real events and the lanes copied to pinned host memory each step, as the runner does; on the CPU,
