@@ -1,13 +1,16 @@
 """Measure the decode gemm's choices on this GPU and write them to the table ``decode_gemm="tuned"`` reads.
 
 For each model and dtype, every weight the Triton decode step multiplies (its fused projections and the head,
-as ``DecodeModel`` builds them) is ranked by ``gemm.rank`` (cuBLAS and the Triton configurations, timed in a
-CUDA graph as a step runs them), and the fastest goes into the table under this GPU's name
-(``torch.cuda.get_device_name``), merged with what the table already holds for other GPUs. The models are
+as ``DecodeModel`` builds them) is ranked by ``gemm.rank_by_batch`` (cuBLAS and the Triton configurations, timed in a
+CUDA graph as a step runs them, at each of ``--batches`` live rows), and the fastest by the batches' summed times
+goes into the table under this GPU's name (``torch.cuda.get_device_name``), merged with what the table already holds
+for other GPUs, with each batch's times beside it. One choice serves every batch (a row's bits must not depend on
+its batch), so ``--batches`` weighs them: ``--batches 1`` ranks for one sequence's decode alone. The models are
 built with random weights on the GPU: only their shapes matter. Prints one line per weight.
 
     python scripts/tune_decode_gemms.py [--models NAME ...] [--vocab N ...] [--dtypes bfloat16 float16]
-                                        [--out FILE]   (default: the package's table, mini_engine/ops/decode_rows)
+                                        [--batches B ...] [--out FILE]
+                                        (default: batches 1 32, the package's table, mini_engine/ops/decode_rows)
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mini_engine.model.builtin import (
     builtin_config,
 )
 from mini_engine.model.decode import DecodeModel
+from mini_engine.ops import invariant as inv
 from mini_engine.ops.decode_rows import gemm, tuned
 
 
@@ -48,15 +52,22 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, nargs="*", default=[QWEN35_VOCAB],
                         help=f"also {QWEN35_08B}'s head at these vocabularies (default: Qwen3.5's, {QWEN35_VOCAB})")
     parser.add_argument("--dtypes", nargs="+", choices=("bfloat16", "float16"), default=["bfloat16", "float16"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32],
+                        help="the live rows each candidate is timed at; the choice is the fastest by their sum")
     parser.add_argument("--out", type=Path, default=tuned.TABLE)
     args = parser.parse_args()
+    if any(not 1 <= b <= inv.ROW_TILE for b in args.batches) or len(set(args.batches)) != len(args.batches):
+        parser.error(f"--batches: distinct live-row counts from 1 to {inv.ROW_TILE} (the padded input's rows); got "
+                     f"{args.batches}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU: the table holds timings measured on one")
     device = torch.cuda.get_device_name()
     table = tuned.load(args.out)
     done = set()
     builds = [(name, None) for name in args.models] + [(QWEN35_08B, v) for v in args.vocab]
-    print(f"{device}: weight, choice, its us (batches 1 + 32), cuBLAS's us")
+    batches = tuple(args.batches)
+    print(f"{device}: weight, choice, its us and cuBLAS's (summed over batches {' + '.join(map(str, batches))}), "
+          f"then at each batch its us, cuBLAS's and the fastest candidate's")
     for dtype in (getattr(torch, d) for d in args.dtypes):
         for name, vocab in builds:
             for weight in weights(name, vocab, dtype):
@@ -64,9 +75,11 @@ def main() -> None:
                 if key in done:
                     continue
                 done.add(key)
-                entry = tuned.record(table, device, weight, gemm.rank(weight))
-                print(f"  {key:<24} {json.dumps(entry['config']):<110} {entry['us']:>9.2f} {entry['cublas_us']:>9.2f}",
-                      flush=True)
+                entry = tuned.record(table, device, weight, gemm.rank_by_batch(weight, batches=batches))
+                each = "  ".join(f"b{b}: {e['us']:.2f} {e['cublas_us']:.2f} {e['fastest_us']:.2f}"
+                                 for b, e in entry["by_batch"].items())
+                print(f"  {key:<24} {json.dumps(entry['config']):<110} {entry['us']:>9.2f} {entry['cublas_us']:>9.2f}"
+                      f"  {each}", flush=True)
             torch.cuda.empty_cache()
     args.out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out}")

@@ -23,14 +23,22 @@ def test_a_weight_is_keyed_by_its_dtype_and_shape():
 def test_recording_keeps_the_winner_and_its_evidence():
     table = {}
     weight = torch.zeros(4096, 1024, dtype=torch.bfloat16)
-    ranking = [(SWAPPED, 20.5), (None, 24.25), (gemm.GemmConfig(32, 256), 30.0)]
+    narrow = gemm.GemmConfig(32, 256)
+    # (gemm.rank_by_batch's form: each candidate's microseconds at each batch, fastest by their sum first)
+    ranking = [(SWAPPED, {1: 8.25, 32: 12.25}), (None, {1: 9.0, 32: 15.25}), (narrow, {1: 7.75, 32: 22.25})]
     entry = tuned.record(table, H100, weight, ranking)
     assert entry["config"] == SWAPPED._asdict() and entry["us"] == 20.5 and entry["cublas_us"] == 24.25
+    assert entry["by_batch"] == {
+        "1": {"us": 8.25, "cublas_us": 9.0, "fastest": narrow._asdict(), "fastest_us": 7.75},  # the sum's choice
+        "32": {"us": 12.25, "cublas_us": 15.25, "fastest": SWAPPED._asdict(), "fastest_us": 12.25}}  # gives up 0.5
     assert entry["triton"] and entry["torch"], "what it was measured with"
     assert table == {H100: {"bfloat16 4096x1024": entry}}
     assert tuned.lookup(table, H100, torch.bfloat16, (4096, 1024)) == (SWAPPED if pdl.available() else None)
-    tuned.record(table, H100, weight, [(None, 19.0), (SWAPPED, 20.5)])  # re-measured: cuBLAS won this time
-    assert table[H100]["bfloat16 4096x1024"]["config"] is None
+    # re-measured: cuBLAS won this time
+    tuned.record(table, H100, weight, [(None, {1: 9.0, 32: 10.0}), (SWAPPED, {1: 8.25, 32: 12.25})])
+    again = table[H100]["bfloat16 4096x1024"]
+    assert again["config"] is None and again["by_batch"]["1"]["fastest"] == SWAPPED._asdict()
+    assert again["by_batch"]["32"]["fastest"] is None
     assert tuned.lookup(table, H100, torch.bfloat16, (4096, 1024)) is None, "None: cuBLAS"
 
 
@@ -56,7 +64,8 @@ def test_a_missing_table_is_empty_and_a_malformed_one_is_refused(tmp_path):
     assert tuned.load(tmp_path / "absent.json") == {}
     bad = tmp_path / "table.json"
     for text in ("{not json", json.dumps({H100: {"bfloat16 8x8": {"config": {"block_n": 64, "colour": 1}}}}),
-                 json.dumps({H100: {"bfloat16 8x8": {"us": 3.0}}}), json.dumps([1, 2])):
+                 json.dumps({H100: {"bfloat16 8x8": {"us": 3.0}}}), json.dumps([1, 2]),
+                 json.dumps({H100: {"bfloat16 8x8": {"config": None, "by_batch": {"1": {"fastest": {"colour": 1}}}}}})):
         bad.write_text(text)
         with pytest.raises(ValueError, match=f"{bad}: not a decode gemm table .* scripts/tune_decode_gemms.py"):
             tuned.load(bad)
@@ -86,7 +95,12 @@ def test_the_tuning_script_needs_a_gpu_and_says_so(tmp_path):
         pytest.skip("this machine has a GPU: the script would tune it")
     script = Path(__file__).resolve().parents[2] / "scripts" / "tune_decode_gemms.py"
     out = tmp_path / "table.json"
-    result = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, check=False,
                             timeout=120)
     assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr, result.stderr
+    assert not out.exists()
+    for batches in (["0", "32"], ["1", "1"], ["65"]):  # refused before it looks for a GPU
+        result = subprocess.run([sys.executable, str(script), "--batches", *batches, "--out", str(out)],
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert result.returncode == 2 and "--batches: distinct live-row counts from 1 to 64" in result.stderr, batches
     assert not out.exists()

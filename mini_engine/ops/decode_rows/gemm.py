@@ -32,6 +32,13 @@ the fastest. The choice is made once
 per weight and kept: every row of every batch then goes through the same arithmetic, so a row's bits
 still never depend on the batch. Timings vary between processes, and so may the choice: ``decode_rows.tuned``
 keeps choices measured ahead of time per GPU model, the same in every process.
+
+One choice serves every batch, and the fastest at one batch need not be at another: ``rank`` sums the batches'
+times (by default 1 and 32), ``rank_by_batch`` keeps them apart. On an H100 (session 27) the three widest layer
+weights (8224, 7168 and 5120 x 1024) ran fastest as the dependent-launch tile at batch 1 (8.26, 7.46 and 6.14 us
+against cuBLAS's 8.60, 8.48 and 6.79) and on cuBLAS at batch 32 (8.95, 8.10 and 7.08 against 9.73, 8.70 and 7.64).
+The H200's table, ranked on the sum, has cuBLAS for those three; on the H100 the same choice cost the engine's
+decode 4.3 % at batch 1 (797-803 against 835-838 tok/s) and changed batch 32 by -0.2 to +3.3 %.
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ import triton.language as tl
 from mini_engine.ops import invariant as inv
 from mini_engine.ops import pdl
 
-__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2", "rank"]
+__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2", "rank",
+           "rank_by_batch"]
 
 BLOCK_M = 16  # rows per program, fixed whatever the batch
 
@@ -295,12 +303,21 @@ def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats:
 
 def rank(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15
          ) -> list[tuple[GemmConfig | None, float]]:
-    """Every candidate for ``weight`` (None: cuBLAS, then ``configs``) with its microseconds, fastest first. Each
-    runs as a step runs it: on ``batches`` live rows of a padded 64-row input, one gemm after another in a CUDA
-    graph, each on its own copy of the weight (copies past the L2's size, so the weight comes from memory), timed
-    per gemm (``graph_microseconds``) and summed over ``batches``. Timed alone between two events, a gemm of a few
+    """Every candidate for ``weight`` (None: cuBLAS, then ``configs``) with its microseconds summed over ``batches``,
+    fastest first (``rank_by_batch``)."""
+    return [(config, sum(times.values())) for config, times in rank_by_batch(weight, batches=batches, repeats=repeats)]
+
+
+def rank_by_batch(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15
+                  ) -> list[tuple[GemmConfig | None, dict[int, float]]]:
+    """Every candidate for ``weight`` (None: cuBLAS, then ``configs``) with its microseconds at each of ``batches``,
+    fastest first by their sum. Each runs as a step runs it: on that many live rows of a padded 64-row input, one
+    gemm after another in a CUDA graph, each on its own copy of the weight (copies past the L2's size, so the weight
+    comes from memory), timed per gemm (``graph_microseconds``). Timed alone between two events, a gemm of a few
     microseconds carries the events' own and is overstated unevenly between candidates. TMA and dependent-launch
-    candidates only where the device has them (sm_90 on)."""
+    candidates only where the device has them (sm_90 on). The sum is a choice between the batches: one weight gets
+    one choice at every batch (a row's bits must not depend on its batch), and the fastest at one batch need not be
+    at another (the module's docstring)."""
     inputs = {b: torch.zeros(inv.ROW_TILE, weight.shape[1], dtype=weight.dtype, device=weight.device) for b in batches}
     for b, x in inputs.items():
         x[:b].normal_()
@@ -312,13 +329,14 @@ def rank(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: i
         else:
             linear(inputs[b], w, rows=b, config=config)
 
-    def microseconds(config: GemmConfig | None) -> float:
-        return sum(graph_microseconds([lambda w=w, b=b: run(config, b, w) for w in copies], repeats) / len(copies)
-                   for b in batches)
+    def microseconds(config: GemmConfig | None) -> dict[int, float]:
+        return {b: graph_microseconds([lambda w=w, b=b: run(config, b, w) for w in copies], repeats) / len(copies)
+                for b in batches}
 
     hopper = torch.cuda.get_device_capability(weight.device) >= (9, 0)  # TMA descriptors need sm_90 or later
     candidates = [c for c in configs(*weight.shape) if hopper or not (c.tma or c.pdl)]
-    return sorted(((config, microseconds(config)) for config in [None, *candidates]), key=lambda pair: pair[1])
+    return sorted(((config, microseconds(config)) for config in [None, *candidates]),
+                  key=lambda pair: sum(pair[1].values()))
 
 
 def past_l2(weight: torch.Tensor) -> int:

@@ -10,7 +10,9 @@ or a choice this triton cannot launch (TMA, dependent launches) goes to cuBLAS (
 ``"cublas"`` default.
 
 An entry (``record``) keeps its evidence: the chosen configuration, or ``null`` for cuBLAS, the microseconds
-``choose`` measured for it and for cuBLAS, and the triton and torch it was measured with.
+``gemm.rank_by_batch`` measured for it and for cuBLAS (summed over the batches it was timed at), at each batch its, cuBLAS's and
+the fastest candidate's there (``by_batch``; entries written before session 27 have none), and the triton and torch it
+was measured with.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def load(path: str | Path = TABLE) -> dict[str, dict[str, dict[str, Any]]]:
         table = json.loads(path.read_text())
         for entries in table.values():
             for entry in entries.values():
-                if entry["config"] is not None:
-                    GemmConfig(**entry["config"])
+                for config in [entry["config"], *(b["fastest"] for b in entry.get("by_batch", {}).values())]:
+                    if config is not None:
+                        GemmConfig(**config)
     except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as err:
         raise ValueError(f"{path}: not a decode gemm table ({type(err).__name__}: {err}); rewrite it with "
                          "scripts/tune_decode_gemms.py") from None
@@ -88,15 +91,24 @@ def tuned(weight: torch.Tensor) -> GemmConfig | None:
     return lookup(_packaged(), torch.cuda.get_device_name(weight.device), weight.dtype, tuple(weight.shape))
 
 
-def record(table: dict, device_name: str, weight: torch.Tensor, ranking: list[tuple[GemmConfig | None, float]]
-           ) -> dict[str, Any]:
-    """Put ``ranking``'s winner (``gemm.rank``: candidates with their microseconds, fastest first) in ``table``
-    for ``weight`` on ``device_name``; returns the entry."""
+def record(table: dict, device_name: str, weight: torch.Tensor,
+           ranking: list[tuple[GemmConfig | None, dict[int, float]]]) -> dict[str, Any]:
+    """Put ``ranking``'s winner (``gemm.rank_by_batch``: candidates with their microseconds at each batch, fastest
+    by their sum first) in ``table`` for ``weight`` on ``device_name``; returns the entry. Beside the sums
+    (``us``, ``cublas_us``) it keeps each batch's times: the winner's, cuBLAS's and the fastest candidate's at that
+    batch (``by_batch``), where the one choice gives up time at a batch."""
     import triton
 
-    best, microseconds = ranking[0]
-    cublas = next(us for config, us in ranking if config is None)
-    entry = {"config": None if best is None else best._asdict(), "us": round(microseconds, 2),
-             "cublas_us": round(cublas, 2), "triton": triton.__version__, "torch": torch.__version__}
+    best, times = ranking[0]
+    cublas = next(t for config, t in ranking if config is None)
+    by_batch = {}
+    for batch in times:
+        fastest, fastest_times = min(ranking, key=lambda pair: pair[1][batch])
+        by_batch[str(batch)] = {"us": round(times[batch], 2), "cublas_us": round(cublas[batch], 2),
+                                "fastest": None if fastest is None else fastest._asdict(),
+                                "fastest_us": round(fastest_times[batch], 2)}
+    entry = {"config": None if best is None else best._asdict(), "us": round(sum(times.values()), 2),
+             "cublas_us": round(sum(cublas.values()), 2), "by_batch": by_batch, "triton": triton.__version__,
+             "torch": torch.__version__}
     table.setdefault(device_name, {})[entry_key(weight.dtype, tuple(weight.shape))] = entry
     return entry
