@@ -245,8 +245,10 @@ def main() -> None:
         print(f"  of each of its runs, the ledger's host time on the step's path at most (its host time less the "
               f"shadow flushes the device outlasted): {ledger['on_path']['median']:.2%} "
               f"[{ledger['on_path']['min']:.2%}, {ledger['on_path']['max']:.2%}] (median [lowest, highest]; a "
-              f"within-run share, which a host whose speed drifts scales alike in both terms; not in it: the "
-              f"ledger's device time and what its work costs the engine's own, caches and allocations)")
+              f"within-run share, which a host whose speed drifts scales alike in both terms; in it: the state "
+              f"copies the ledger digests as it makes them, whole, which the base makes too: ledger_host_time.py "
+              f"prices them; not in it: the ledger's device time and what its work costs the engine's own, caches "
+              f"and allocations)")
     bound = None
     if args.device == "cuda":
         bandwidth = copy_bandwidth()
