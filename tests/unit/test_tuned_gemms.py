@@ -95,8 +95,8 @@ def test_the_tuning_script_needs_a_gpu_and_says_so(tmp_path):
         pytest.skip("this machine has a GPU: the script would tune it")
     script = Path(__file__).resolve().parents[2] / "scripts" / "tune_decode_gemms.py"
     out = tmp_path / "table.json"
-    result = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, check=False,
-                            timeout=120)
+    result = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
+                            timeout=120, check=False)
     assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr, result.stderr
     assert not out.exists()
     for batches in (["0", "32"], ["1", "1"], ["65"]):  # refused before it looks for a GPU

@@ -10,9 +10,9 @@ or a choice this triton cannot launch (TMA, dependent launches) goes to cuBLAS (
 ``"cublas"`` default.
 
 An entry (``record``) keeps its evidence: the chosen configuration, or ``null`` for cuBLAS, the microseconds
-``gemm.rank_by_batch`` measured for it and for cuBLAS (summed over the batches it was timed at), at each batch its, cuBLAS's and
-the fastest candidate's there (``by_batch``; entries written before session 27 have none), and the triton and torch it
-was measured with.
+``gemm.rank_by_batch`` measured for it and for cuBLAS (summed over the batches it was timed at), at each batch its,
+cuBLAS's and the fastest candidate's there (``by_batch``; entries written before session 27 have none), and the
+triton and torch it was measured with.
 """
 
 from __future__ import annotations
