@@ -16,3 +16,6 @@ def test_the_readme_test_command_is_the_one_ci_runs():
         assert f"pip install {install}" in tests and f"pip install {install}" in soak
         assert any("pip install" in line and line.endswith(install) for line in ci)
     assert "hammer soak" in soak
+    # the system package a test needs (headless chromium), installed by one script both run first
+    assert tests.startswith("bash scripts/install_chromium.sh && ")
+    assert "bash scripts/install_chromium.sh" in ci
