@@ -13,6 +13,11 @@ if ! command -v apt-get >/dev/null; then
 fi
 as_root=()
 if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null; then
+        echo "install_chromium.sh: installing chromium (apt-get install chromium) needs root or sudo; run it as root" \
+             "or install the package yourself" >&2
+        exit 1
+    fi
     as_root=(sudo)
 fi
 "${as_root[@]}" apt-get update -qq
