@@ -31,9 +31,12 @@ launches where the GPU can),
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
 tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes), and with
 ``--trace`` each run's timeline (``FILE.VARIANT.trace.json``, Chrome's trace format: the gaps between kernels).
+``--gemm-table FILE`` adds ``graphs-bf16-table``: the defaults with that decode gemm table in the package's place (a
+re-tuning, ``scripts/tune_decode_gemms.py --out FILE``, against the packaged choices in one process).
 
 Usage: ``python benchmarks/gpu_engine.py [--batches 1 32] [--prompt 64] [--short 8] [--long 40]
-[--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--vocab N] [--profile FILE] [--out FILE]``.
+[--variants graphs triton reference] [--hf-dtype float32 bfloat16] [--vocab N] [--gemm-table FILE] [--profile FILE]
+[--out FILE]``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 import time
@@ -84,6 +88,8 @@ VARIANTS = {"graphs": _PLAIN,
             "graphs-bf16-default": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16"},
             "triton": {**_PLAIN, "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
+# the defaults with ``--gemm-table``'s decode gemm table in the package's place (``EngineConfig.decode_gemm_table``)
+TABLE_VARIANT = "graphs-bf16-table"
 
 
 def weight_bytes(model, dtype: torch.dtype | None = None) -> int:
@@ -188,8 +194,16 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
     parser.add_argument("--vocab", type=int, default=None,
                         help=f"vocabulary size (default: the byte tokenizer's 260; {QWEN35_VOCAB}: Qwen3.5's)")
+    parser.add_argument("--gemm-table", default=None, metavar="FILE",
+                        help="also run the defaults with this decode gemm table in the package's place "
+                             "(scripts/tune_decode_gemms.py --out FILE; variant graphs-bf16-table), after --variants")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.gemm_table is not None:
+        if not os.path.isfile(args.gemm_table):
+            parser.error(f"--gemm-table: no such file {args.gemm_table!r}")
+        VARIANTS[TABLE_VARIANT] = {**VARIANTS["graphs-bf16-default"], "decode_gemm_table": args.gemm_table}
+        args.variants = [*args.variants, TABLE_VARIANT]
     import transformers
     from transformers import Qwen3_5ForCausalLM
 
@@ -239,8 +253,8 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": device, "model": config.name, "vocab": config.vocab_size, "bandwidth": args.bandwidth,
-                       "prompt": args.prompt, "short": args.short,
-                       "long": args.long, "rows": rows}, f, indent=2)
+                       "prompt": args.prompt, "short": args.short, "long": args.long,
+                       "gemm_table": args.gemm_table, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

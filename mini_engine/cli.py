@@ -46,6 +46,10 @@ def engine_options(command):
                           "gemm, per weight whichever timed fastest at start (auto: 1-6 s more to start, and the "
                           "choice may differ between processes), or the choice measured ahead of time for this GPU "
                           "model (tuned; cuBLAS where the package's table has none)."),
+        click.option("--decode-gemm-table", type=click.Path(exists=True, dir_okay=False), default=None,
+                     metavar="FILE", help="With --decode-gemm tuned, the choices from this table "
+                                          "(scripts/tune_decode_gemms.py --out FILE on this GPU) instead of the "
+                                          "package's."),
         click.option("--decode-pdl/--no-decode-pdl", default=None,
                      help="On cuda, launch the decode step's Triton kernels as programmatic dependent launches (the "
                           "same bits; 14 % more tokens/s at batch 1 on an H100 with the Triton gemms). Default: on "
@@ -108,15 +112,16 @@ def build_engine(model_name: str | None, *, sink=None, **config):
               help="Send the same prompt this many times, one after another (the later ones hit the cache).")
 @engine_options
 def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, repeat: int, device: str, dtype: str,
-             overlap: bool, device_seed: int, decode_gemm: str, decode_pdl: bool | None,
-             faults: tuple[str, ...]) -> None:
+             overlap: bool, device_seed: int, decode_gemm: str, decode_gemm_table: str | None,
+             decode_pdl: bool | None, faults: tuple[str, ...]) -> None:
     """Greedy generation through the engine (prefix cache on), printing cached_tokens per run."""
     from mini_engine.engine import SamplingParams
 
     if not prompt:
         raise click.BadParameter("must not be empty", param_hint="--prompt")
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
-                          decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults)
+                          decode_gemm=decode_gemm, decode_gemm_table=decode_gemm_table, decode_pdl=decode_pdl,
+                          faults=faults)
     model = engine.model
     text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=engine.tokenizer.eos_token_ids)
@@ -158,15 +163,16 @@ def generate(prompt: str, model_name: str | None, max_tokens: int, chat: bool, r
                    "conv and its new row, rec once a chunk; a write that bypasses the engine's storage shows a chunk "
                    "later) or readback (every byte every step, 16.6x the bytes at the 0.8B shape).")
 def serve(model_name: str | None, device: str, dtype: str, overlap: bool, device_seed: int, decode_gemm: str,
-          decode_pdl: bool | None, faults: tuple[str, ...], host: str, port: int, api_key: str | None,
-          served_model_name: str | None, max_running: int, num_slots: int,
+          decode_gemm_table: str | None, decode_pdl: bool | None, faults: tuple[str, ...], host: str, port: int,
+          api_key: str | None, served_model_name: str | None, max_running: int, num_slots: int,
           num_pages: int, max_context: int, ledger: Path | None, state_digests: str) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models) until SIGINT / SIGTERM."""
     from mini_engine.server import create_app, serve as run_server
 
     rows = None if ledger is None else ledger.open("w", encoding="utf-8", buffering=1)  # a line a row, as written
     engine = build_engine(model_name, device=device, dtype=dtype, overlap=overlap, device_seed=device_seed,
-                          decode_gemm=decode_gemm, decode_pdl=decode_pdl, faults=faults, max_running=max_running,
+                          decode_gemm=decode_gemm, decode_gemm_table=decode_gemm_table, decode_pdl=decode_pdl,
+                          faults=faults, max_running=max_running,
                           num_slots=num_slots, num_pages=num_pages, max_context=max_context,
                           reference_states=rows is not None, state_digests=state_digests,
                           sink=None if rows is None else lambda row: rows.write(json.dumps(row, default=str) + "\n"))

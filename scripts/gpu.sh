@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |
+#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |
 #                                           decode | prefill | kernels
 #
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
@@ -22,6 +22,11 @@
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
+#   retune     the 0.8B model's bfloat16 decode gemms ranked at batch 1 alone (scripts/tune_decode_gemms.py --batches 1,
+#              each batch's times kept) into OUT_DIR/tuned_b1.json, then the engine's defaults with the package's table
+#              against them (benchmarks/gpu_engine.py --gemm-table, one process, batch 1 and 32, the roofline): on the
+#              H200, whose table ranked on batches 1 + 32 chose cuBLAS for the three widest weights, a choice that
+#              cost an H100 4.3 % at batch 1 (session 27)
 #   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address,
 #              by TMA descriptor, its splits summed in one launch, as programmatic dependent launches), then
 #              benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the
@@ -70,11 +75,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|ab|tune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | tune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -144,6 +149,11 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;
+    retune)
+        step 330 retune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
+            --batches 1 --out "$out/tuned_b1.json"
+        step 240 retune_decode python3 benchmarks/gpu_engine.py --variants graphs-bf16-default --hf-dtype --vocab 248320 \
+            --gemm-table "$out/tuned_b1.json" --out "$out/retune_decode.json" ;;
     gemms)
         step 100 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
         step 460 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json" ;;

@@ -52,6 +52,10 @@ class EngineConfig:
     # The triton decode's 16-bit projections (constants.DECODE_GEMMS): "tuned" is the packaged table's choice
     # for the GPU model (``ops.decode_rows.tuned``), cuBLAS wherever the table has none.
     decode_gemm: str = "tuned"
+    # A table file of such choices (``scripts/tune_decode_gemms.py --out FILE``) that "tuned" reads in the package's
+    # place: a GPU model the package does not list, tuned where it runs, or a re-tuning tried before it replaces the
+    # package's. None: the package's.
+    decode_gemm_table: str | None = None
     decode_gdn: str = "split"  # the triton decode's Gated DeltaNet layers: three launches or one (constants.GDN_STEPS)
     # The triton decode's Triton kernels as programmatic dependent launches: each may start while the one before
     # still runs, and waits for it before it reads anything (the same bits). Needs a Hopper GPU (``ops.pdl``).
@@ -93,6 +97,11 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.dtype={self.dtype!r}; allowed: {DTYPES}")
         if self.decode_gemm not in DECODE_GEMMS:
             raise ValueError(f"EngineConfig.decode_gemm={self.decode_gemm!r}; allowed: {DECODE_GEMMS}")
+        if self.decode_gemm_table is not None:
+            if self.decode_gemm != "tuned":
+                raise ValueError(f"EngineConfig.decode_gemm_table is read by decode_gemm='tuned' alone; got "
+                                 f"decode_gemm={self.decode_gemm!r}")
+            self.gemm_table()  # a missing or malformed file: an error now, not at the engine's first decode
         if self.state_digests not in STATE_DIGESTS:
             raise ValueError(f"EngineConfig.state_digests={self.state_digests!r}; allowed: {STATE_DIGESTS}")
         if self.decode_gdn not in GDN_STEPS:
@@ -108,6 +117,20 @@ class EngineConfig:
             if choice == "triton" and self.device == "sim" and os.environ.get("TRITON_INTERPRET") != "1":
                 raise ValueError(f"EngineConfig.{name}='triton' on the sim needs TRITON_INTERPRET=1 in the "
                                  f"environment (set before triton is imported); or use {name}='reference'")
+
+    def gemm_table(self) -> dict | None:
+        """``decode_gemm_table`` read (``ops.decode_rows.tuned.load``), or None: the package's table."""
+        if self.decode_gemm_table is None:
+            return None
+        from mini_engine.ops.decode_rows import tuned
+
+        if not os.path.isfile(self.decode_gemm_table):
+            raise ValueError(f"EngineConfig.decode_gemm_table={self.decode_gemm_table!r}: no such file (write one "
+                             "with scripts/tune_decode_gemms.py --out FILE on the GPU)")
+        try:
+            return tuned.load(self.decode_gemm_table)
+        except ValueError as err:
+            raise ValueError(f"EngineConfig.decode_gemm_table: {err}") from None
 
     @property
     def decode_path(self) -> str:

@@ -108,9 +108,12 @@ class DecodeModel:
     weights are the model's ``FusedProjection``s as they are at construction (copies of the parts, in the
     model's weight dtype and on its device, shared with the Triton prefill)."""
 
-    def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split", pdl: bool = False) -> None:
+    def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split", pdl: bool = False,
+                 gemm_table: dict | None = None) -> None:
         if gemm not in DECODE_GEMMS:
             raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
+        if gemm_table is not None and gemm != "tuned":
+            raise ValueError(f"a gemm table is read by gemm='tuned' alone; got gemm={gemm!r}")
         if gdn not in GDN_STEPS:
             raise ValueError(f"gdn must be one of {GDN_STEPS}; got {gdn!r}")
         self.model = model
@@ -125,7 +128,7 @@ class DecodeModel:
             if gemm == "triton":
                 config = gemm_ops.configs(*weight.shape)[0]
             elif gemm == "tuned":
-                config = tuned_gemms.tuned(weight)
+                config = tuned_gemms.tuned(weight, gemm_table)  # (None: the package's table)
             else:
                 config = gemm_ops.choose(weight) if weight.is_cuda else None
             if config is not None:
@@ -143,7 +146,7 @@ class DecodeModel:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
         """A projection of the step's padded rows (``rows`` live): ``inv.linear`` (cuBLAS in 64-row tiles), or
         the Triton decode gemm chosen for this weight at construction (``gemm``: "triton" for every 16-bit
-        weight, "auto" where it timed faster on the device, "tuned" where the packaged table says it did). The
+        weight, "auto" where it timed faster on the device, "tuned" where the table says it did). The
         choice is per weight, never per batch, so a row's bits do not depend on the batch."""
         config = self._gemms.get(id(weight))
         if config is None:

@@ -213,3 +213,44 @@ def test_the_one_launch_gdn_step_serves_the_split_steps_tokens(two_layer_model, 
     (want, want_writes), (got, got_writes) = runs
     assert got == want and got[2] == got[0]
     assert got_writes == want_writes and len(got_writes) >= sum(map(len, got))
+
+
+def test_a_gemm_table_file_is_read_by_tuned_alone_and_reaches_every_weight(tmp_path, tiny_model, monkeypatch):
+    """``decode_gemm_table``: a table file read in the package's place by ``decode_gemm="tuned"`` -- every 16-bit
+    weight of the decode step is looked up in it; naming one with another choice, a missing file or a malformed one
+    is an error naming the field, at the config."""
+    import json
+
+    from mini_engine.model import decode
+    from mini_engine.model.decode import DecodeModel
+    from mini_engine.ops.decode_rows import gemm, tuned
+
+    table = {"NVIDIA H200": {"bfloat16 1024x3584": {"config": gemm.GemmConfig(64, 256)._asdict(), "us": 1.0,
+                                                   "cublas_us": 2.0}}}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(table))
+    assert EngineConfig(decode_gemm_table=str(path)).gemm_table() == table
+    assert EngineConfig().gemm_table() is None, "None: the package's table"
+    with pytest.raises(ValueError, match="decode_gemm_table is read by decode_gemm='tuned' alone; got "
+                                         "decode_gemm='cublas'"):
+        EngineConfig(decode_gemm="cublas", decode_gemm_table=str(path))
+    with pytest.raises(ValueError, match="EngineConfig.decode_gemm_table=.*absent.json.*: no such file"):
+        EngineConfig(decode_gemm_table=str(tmp_path / "absent.json"))
+    (tmp_path / "bad.json").write_text(json.dumps({"NVIDIA H200": {"bfloat16 8x8": {"us": 1.0}}}))
+    with pytest.raises(ValueError, match="EngineConfig.decode_gemm_table: .*bad.json: not a decode gemm table"):
+        EngineConfig(decode_gemm_table=str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="read by gemm='tuned' alone"):
+        DecodeModel(tiny_model, gemm="auto", gemm_table=table)
+
+    asked = []  # (weight shape, the table it was looked up in) for each 16-bit weight
+    monkeypatch.setattr(decode.tuned_gemms, "tuned",
+                        lambda weight, given=None: asked.append((tuple(weight.shape), given)))
+    engine = Engine(EngineConfig(decode_kernels="triton", dtype="bfloat16", decode_gemm_table=str(path)),
+                    model=tiny_model)
+    weights = engine.runner.decode_model.projections()
+    assert [shape for shape, _ in asked] == [tuple(w.shape) for w in weights], "every projection looked up"
+    assert all(given == table for _, given in asked), "in the file's table"
+    asked.clear()
+    Engine(EngineConfig(decode_kernels="triton", dtype="bfloat16"), model=tiny_model)
+    assert asked and all(given is None for _, given in asked), "without a file: the package's"
+    assert tuned.tuned(weights[0], table) is None, "a CPU weight: cuBLAS whatever the table says"

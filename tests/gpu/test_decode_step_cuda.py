@@ -114,6 +114,23 @@ def test_the_tuned_table_is_read_by_this_gpus_name():
         assert tuned.tuned(weight) == (want if want is None or tuned.launchable(want) else None), key
 
 
+def test_a_table_file_gives_its_choices_by_this_gpus_name():
+    """``EngineConfig.decode_gemm_table``'s table, read in the package's place: a weight it lists for this GPU model
+    gets its choice, one it does not list cuBLAS, whatever the package's table says of either."""
+    import torch
+
+    from mini_engine.ops.decode_rows import gemm, tuned
+
+    listed = torch.zeros(1024, 3584, dtype=torch.bfloat16, device="cuda")
+    unlisted = torch.zeros(7168, 1024, dtype=torch.bfloat16, device="cuda")
+    choice = gemm.configs(*listed.shape)[0]  # a plain tile: launchable with any triton
+    key = tuned.entry_key(listed.dtype, tuple(listed.shape))
+    table = {torch.cuda.get_device_name(): {key: {"config": choice._asdict(), "us": 1.0, "cublas_us": 2.0}}}
+    assert tuned.tuned(listed, table) == choice
+    assert tuned.tuned(unlisted, table) is None
+    assert tuned.tuned(listed, {"another GPU": table[torch.cuda.get_device_name()]}) is None
+
+
 def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
     """Each GDN layer's conv, replay and norm in one launch (whole-head tiles): the split steps' logits and pools to
     rounding over four steps (chunk completions, running copies), and the one-launch kernel against its chain."""

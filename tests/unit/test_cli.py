@@ -34,7 +34,8 @@ def test_generate_repeat_hits_the_cache(tokenizer):
 
 
 def test_generate_bad_options_name_the_option(tmp_path):
-    """A bad model folder, a zero max-tokens and an empty prompt each name their option."""
+    """A bad model folder, a zero max-tokens, an empty prompt and a gemm table that is missing or given with another
+    choice each name their option."""
     runner = CliRunner()
     bad_model = runner.invoke(engine_main, ["generate", "--prompt", "x", "--model", str(tmp_path)])
     assert bad_model.exit_code == 2 and "--model" in bad_model.output
@@ -42,6 +43,13 @@ def test_generate_bad_options_name_the_option(tmp_path):
     assert zero.exit_code == 2 and "--max-tokens" in zero.output
     empty = runner.invoke(engine_main, ["generate", "--prompt", ""])
     assert empty.exit_code == 2 and "--prompt" in empty.output
+    table = ["generate", "--prompt", "x", "--decode-gemm-table"]
+    absent = runner.invoke(engine_main, [*table, str(tmp_path / "absent.json")])
+    assert absent.exit_code == 2 and "--decode-gemm-table" in absent.output and "does not exist" in absent.output
+    (tmp_path / "table.json").write_text("{}")
+    not_tuned = runner.invoke(engine_main, [*table, str(tmp_path / "table.json"), "--decode-gemm", "cublas"])
+    assert not_tuned.exit_code == 2 and "--decode-gemm-table" in not_tuned.output
+    assert "'tuned' alone" in not_tuned.output
 
 
 def test_hammer_cli_has_help_and_version():

@@ -7,7 +7,8 @@ the same timing done once (``scripts/tune_decode_gemms.py`` on the GPU), kept in
 (``tuned_gemms.json``) and looked up by the device's name, the weight's dtype and its shape: the same choice in
 every process on that GPU model, at no cost at start. A weight the table does not list, a GPU it does not name,
 or a choice this triton cannot launch (TMA, dependent launches) goes to cuBLAS (``inv.linear``), the
-``"cublas"`` default.
+``"cublas"`` default. ``EngineConfig.decode_gemm_table`` names a table file to read in the package's place (a GPU
+model the package does not list, tuned where it runs; or a re-tuning tried before it replaces the package's).
 
 An entry (``record``) keeps its evidence: the chosen configuration, or ``null`` for cuBLAS, the microseconds
 ``gemm.rank_by_batch`` measured for it and for cuBLAS (summed over the batches it was timed at), at each batch its,
@@ -84,11 +85,13 @@ def lookup(table: dict, device_name: str, dtype: torch.dtype, shape: tuple[int, 
     return config if launchable(config) else None
 
 
-def tuned(weight: torch.Tensor) -> GemmConfig | None:
-    """The packaged table's choice for ``weight`` on its CUDA device (None: cuBLAS)."""
+def tuned(weight: torch.Tensor, table: dict | None = None) -> GemmConfig | None:
+    """The table's choice for ``weight`` on its CUDA device (None: cuBLAS): the packaged table's, or ``table``'s
+    (``load``ed from a file ``scripts/tune_decode_gemms.py --out`` wrote: ``EngineConfig.decode_gemm_table``)."""
     if not weight.is_cuda:
         return None
-    return lookup(_packaged(), torch.cuda.get_device_name(weight.device), weight.dtype, tuple(weight.shape))
+    return lookup(_packaged() if table is None else table, torch.cuda.get_device_name(weight.device), weight.dtype,
+                  tuple(weight.shape))
 
 
 def record(table: dict, device_name: str, weight: torch.Tensor,
