@@ -12,6 +12,7 @@ The ledger's host time counts a restore's, clone's or decode snapshot's copy who
 and digests in one launch), though the base makes the same copies its own way (``copy_slot``, ``write_snapshot``). So
 the copies are timed in a timed run of the base mode too, and the last line gives what the ledger's copies cost over
 the base's and its host time less the base's cost of the copies it stands in for.
+
 Usage: ``python benchmarks/ledger_host_time.py [--device cuda] [--shape 0.8b] [--dtype bfloat16] [--max-tokens 64]
 [--repeats N] [--out FILE]``.
 """

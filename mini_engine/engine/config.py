@@ -101,7 +101,9 @@ class EngineConfig:
             if self.decode_gemm != "tuned":
                 raise ValueError(f"EngineConfig.decode_gemm_table is read by decode_gemm='tuned' alone; got "
                                  f"decode_gemm={self.decode_gemm!r}")
-            self.gemm_table()  # a missing or malformed file: an error now, not at the engine's first decode
+            # read once, here: a missing or malformed file is an error now, not at the engine's first decode, and
+            # the engine decodes with the table as it was then
+            object.__setattr__(self, "_gemm_table", self._read_gemm_table())
         if self.state_digests not in STATE_DIGESTS:
             raise ValueError(f"EngineConfig.state_digests={self.state_digests!r}; allowed: {STATE_DIGESTS}")
         if self.decode_gdn not in GDN_STEPS:
@@ -119,9 +121,11 @@ class EngineConfig:
                                  f"environment (set before triton is imported); or use {name}='reference'")
 
     def gemm_table(self) -> dict | None:
-        """``decode_gemm_table`` read (``ops.decode_rows.tuned.load``), or None: the package's table."""
-        if self.decode_gemm_table is None:
-            return None
+        """``decode_gemm_table`` as read when the config was made (``ops.decode_rows.tuned.load``), or None: the
+        package's table."""
+        return getattr(self, "_gemm_table", None)
+
+    def _read_gemm_table(self) -> dict:
         from mini_engine.ops.decode_rows import tuned
 
         if not os.path.isfile(self.decode_gemm_table):
