@@ -108,7 +108,9 @@ class Device(ABC):
     def empty(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.empty(*shape, dtype=dtype, device=self.torch_device)
 
-    def zeros(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def zeros(self, *shape: int, dtype: torch.dtype = torch.float32, stream: Stream | None = None) -> torch.Tensor:
+        """Zeros on the device. ``stream``: the stream whose ops use the tensor (on a GPU it is made there: its zero
+        fill is ordered before them, and its memory, once dropped, goes only to later work on that stream)."""
         return torch.zeros(*shape, dtype=dtype, device=self.torch_device)
 
     def progress(self) -> int:

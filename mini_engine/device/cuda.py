@@ -70,6 +70,12 @@ class CudaDevice(Device):
         if event.stream is not None:
             self._handle(stream).wait_event(self._events[event.index])
 
+    def zeros(self, *shape: int, dtype: torch.dtype = torch.float32, stream: Stream | None = None) -> torch.Tensor:
+        if stream is None:
+            return super().zeros(*shape, dtype=dtype)
+        with torch.cuda.stream(self._handle(stream)):  # (the caching allocator keys the memory to this stream)
+            return torch.zeros(*shape, dtype=dtype, device=self.torch_device)
+
     def launch(self, stream: Stream, fn: Callable[[], None], *, label: str) -> None:
         with torch.cuda.stream(self._handle(stream)):
             self._delay()

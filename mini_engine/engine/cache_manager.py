@@ -34,6 +34,7 @@ from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Stream
 from mini_engine.engine.config import EngineConfig
 from mini_engine.engine.fences import SlotFences
+from mini_engine.engine.landing import digest_block
 from mini_engine.engine.request import Commit, Request, prefix_digest
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation, Later
@@ -67,6 +68,9 @@ class CacheManager:
         # () -> DigestRows | None: rows for the ledger's digests of a restore, landing with the next forward's
         # results (``ModelRunner.early_rows``; set by the engine); None: each copied back on its own
         self.early_rows: Callable[[], DigestRows | None] = lambda: None
+        # the rows clones' ledger digests are taken from on CUDA (``_clone_rows``)
+        self._clone_block: DigestRows | None = None
+        self._clone_digest_rows = device.torch_device.type == "cuda" and instrumentation.enabled
 
     # -- admission ---------------------------------------------------------------------------
     def try_admit(self, request: Request) -> bool:
@@ -250,13 +254,30 @@ class CacheManager:
             return None
         clone = self._alloc_slot(TREE_SLOTS)
         self._barrier(self.copy_stream, [source, clone], site="clone", src=source, dst=clone)
-        self.device.launch(self.copy_stream, lambda: self._copy_reported("clone_written", clone, source, length),
-                           label=f"clone:{source}->{clone}")
-        self.fences.after(self.copy_stream, [source, clone])
+        rows = self._clone_rows()
+        first = rows.taken if rows is not None else 0
+        self.device.launch(self.copy_stream, lambda: self._copy_reported("clone_written", clone, source, length,
+                                                                         into=rows), label=f"clone:{source}->{clone}")
+        if rows is not None:  # its two digests to the host right behind it: they land with its fence
+            self.device.copy(self.copy_stream, rows.host[first: rows.taken], rows.device[first: rows.taken],
+                             label=f"clone_digests:{clone}")
+        done = self.fences.after(self.copy_stream, [source, clone])
+        if rows is not None:
+            rows.landing.done = done
         self.clones += 1
         self.clone_bytes += self.states.nbytes(length)
         self.events.emit("clone", src=source, dst=clone)
         return clone
+
+    def _clone_rows(self) -> DigestRows | None:
+        """Two digest rows or more for a clone's ledger digests on CUDA: a block made on the copy stream, each clone's
+        rows copied to the host behind it, landing with its fence (``landing.Landing``: the block's moves on with
+        each clone). None off CUDA or without a sink."""
+        if not self._clone_digest_rows:
+            return None
+        if self._clone_block is None or self._clone_block.left < 2:
+            self._clone_block = digest_block(self.device, self.copy_stream, _CLONE_ROWS)
+        return self._clone_block
 
     def _donate_transfer(self, request: Request, tokens: list[int], slot: int, role: str) -> None:
         """The original design: the tree takes ``slot`` itself. A ping-pong slot is replaced so the
@@ -346,3 +367,5 @@ class CacheManager:
         if tree_pages != held:
             raise AssertionError(f"tree pages {sorted(tree_pages ^ held)} disagree with the page pool's tree holder")
 
+
+_CLONE_ROWS = 32  # digest rows opened at a time for clones (sixteen clones)

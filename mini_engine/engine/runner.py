@@ -15,6 +15,7 @@ import torch
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Event, Stream, upload
 from mini_engine.engine.fences import SlotFences
+from mini_engine.engine.landing import Landing, digest_block
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request, SamplingParams
 from mini_engine.engine.step_ledger import decode_step_rows, live_write, logits_checks, metadata_read, step_digests
@@ -60,28 +61,6 @@ class Batch:
     results: torch.Tensor | None = None  # the whole device results tensor: ``sampled``'s rows, then ``digests``'
 
 
-class _ResultsCopy:
-    """Where a batch's ``DigestRows`` land (its own and those of the work queued before it, ``early_rows``): its
-    results' copy to the host, complete when ``done`` is (the batch's, recorded right after the forward and that
-    copy are queued; asking before is a bug, not a wait)."""
-
-    __slots__ = ("device", "done")
-
-    def __init__(self, device: Device) -> None:
-        self.device, self.done = device, None
-
-    def query(self) -> bool:
-        return self.device.is_complete(self._done())
-
-    def synchronize(self) -> None:
-        self.device.wait_host(self._done())
-
-    def _done(self) -> Event:
-        if self.done is None:
-            raise RuntimeError("digests asked for before the results copy they land with was queued")
-        return self.done
-
-
 class ModelRunner:
     """Launches forwards. Decode steps read their page mappings from the resident decode metadata
     (uploaded only when they change, fenced by a verified readback); prefills carry their own."""
@@ -121,7 +100,7 @@ class ModelRunner:
         # the ledger's digests on CUDA land with the batches' results (``DigestRows``): the next batch's landing,
         # and the rows of the work queued before its forward (``early_rows``)
         self._digest_rows = device.torch_device.type == "cuda" and instrumentation.enabled
-        self._landing: _ResultsCopy | None = None
+        self._landing: Landing | None = None
         self._early: list[DigestRows] = []
 
     def results(self, batch: Batch) -> list[tuple[int, int]]:
@@ -145,10 +124,10 @@ class ModelRunner:
         # ledger digests, at most four an item: a decode item's state and page table, a snapshot's two ends
         n = len(items)
         rows = n + (4 * n if self._digest_rows else 0)
-        results = self.device.zeros((rows, 2), dtype=torch.long)
+        results = self.device.zeros((rows, 2), dtype=torch.long, stream=self.stream)  # (``landing``'s docstring)
         host = torch.zeros((rows, 2), dtype=torch.long, pin_memory=pinned)
         batch = Batch(self._batches, items, results[:n], host[:n], Event(0), buffer, results=results)
-        landing, self._landing = self._landing or _ResultsCopy(self.device), None
+        landing, self._landing = self._landing or Landing(self.device), None
         if rows > n:
             batch.digests = DigestRows(results[n:], host[n:], landing)
         slots = [it.live_slot for it in items] + [it.track.slot for it in items if it.track is not None]
@@ -176,10 +155,8 @@ class ModelRunner:
             return None
         if not self._early or self._early[-1].left < 2:
             if self._landing is None:
-                self._landing = _ResultsCopy(self.device)
-            self._early.append(DigestRows(self.device.zeros((_EARLY_ROWS, 2), dtype=torch.long),
-                                          torch.zeros((_EARLY_ROWS, 2), dtype=torch.long, pin_memory=True),
-                                          self._landing))
+                self._landing = Landing(self.device)
+            self._early.append(digest_block(self.device, self.stream, _EARLY_ROWS, self._landing))
         return self._early[-1]
 
     def _decode_table(self, items: list[BatchItem]) -> torch.Tensor:

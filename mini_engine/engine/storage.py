@@ -85,8 +85,8 @@ class StateStorage:
         """``copy_slot``, and the checksums of ``src``'s state as the copy read it and of ``dst``'s as the copy left
         it (an instrumented restore, clone or decode snapshot). On CUDA one launch copies, digests both ends and
         forgets dst's memos (``state_triton.StateCopier``), into two of ``into``'s rows when given (a batch's: they
-        land with its results), else copied to the host on their own; elsewhere the source is digested before the
-        copy and the destination after."""
+        land with its results; a clone's, ``CacheManager._clone_rows``), else copied to the host on their own;
+        elsewhere the source is digested before the copy and the destination after."""
         self.count_hashed([length, length])
         if not self.conv.is_cuda:
             read = slot_checksum(self.slot_bytes(src, length))

@@ -53,24 +53,29 @@ def test_the_ledger_counts_its_own_work(tiny_model):
 
 
 
-def test_a_batchs_digests_land_with_its_results_copy_and_not_before_it_is_queued():
-    """The landing of a batch's ledger digests (``DigestRows`` in its results and before them, CUDA) is its results
-    copy: asking before the runner has queued it is refused (the rows would read as landed while their batch has
-    not run), and once the batch's ``done`` is recorded it is that event's state."""
+def test_digests_land_with_their_copy_and_not_before_it_is_queued():
+    """The landing of ledger digests in ``DigestRows`` (CUDA: a batch's results, the block a restore's or a clone's
+    take rows of) is their copy to the host: asking before its event is set is refused (the rows would read as landed
+    before the work that fills them had run); once set it is that event's state, and a block's landing moved on to a
+    later copy's event (the next clone's) is that one's."""
     from mini_engine.device.sim import SimDevice
-    from mini_engine.engine.runner import _ResultsCopy
+    from mini_engine.engine.landing import Landing, digest_block
 
     device = SimDevice()
-    stream = device.stream("compute")
-    landing = _ResultsCopy(device)
-    with pytest.raises(RuntimeError, match="digests asked for before the results copy they land with was queued"):
+    stream = device.stream("copy")
+    block = digest_block(device, stream, 4)
+    landing = block.landing
+    assert isinstance(landing, Landing) and block.left == 4 and not block.device.any() and not block.host.any()
+    with pytest.raises(RuntimeError, match="digests asked for before the copy they land with was queued"):
         landing.query()
-    device.launch(stream, lambda: None, label="forward")
-    landing.done = device.new_event()
-    device.record(landing.done, stream)
-    assert not landing.query()
+    for _ in range(2):  # two clones' rows, each copy's event after it
+        device.launch(stream, lambda: None, label="clone")
+        landing.done = device.new_event()
+        device.record(landing.done, stream)
+        assert not landing.query()
     landing.synchronize()
-    assert landing.query()
+    assert landing.query() and device.is_complete(landing.done)
+    assert digest_block(device, stream, 2, landing).landing is landing
 
 
 def test_the_ledger_is_flushed_every_few_steps_while_busy_and_waited_for_once_idle(tiny_model):

@@ -59,3 +59,22 @@ def test_the_nemesis_delays_streams_but_keeps_ordered_results():
         resident.zero_()
     assert device.delays > 0
     assert stale > 0, "the nemesis never let the unfenced read run before its upload"
+
+
+def test_rows_made_on_their_stream_keep_their_values_when_dropped_before_their_copy_runs():
+    """``zeros(stream=)``, the ledger's digest rows (``engine.landing``): rows filled on a stream, then held there
+    behind a long kernel before their copy to the host, dropped once the copy is queued and the next rows made at
+    once: each copy lands the values it was queued behind. (Made on the default stream, which PyTorch's streams do
+    not wait for, the next rows could take the dropped rows' memory and zero it while their copy was still queued.)"""
+    device = make_device("cuda")
+    stream = device.stream("compute")
+    rows, hosts = device.zeros((16, 2), dtype=torch.long, stream=stream), []
+    for i in range(16):
+        host = torch.zeros((16, 2), dtype=torch.long, pin_memory=True)
+        device.launch(stream, lambda: rows.fill_(i + 1), label="digests")  # (a launch runs its lambda at once)
+        device.launch(stream, lambda: torch.cuda._sleep(2_000_000), label="forward")  # about a millisecond
+        device.copy(stream, host, rows, label="rows to the host")
+        hosts.append(host)
+        rows = device.zeros((16, 2), dtype=torch.long, stream=stream)  # the dropped rows' memory, maybe
+        device.synchronize()
+    assert [sorted(set(h.flatten().tolist())) for h in hosts] == [[i + 1] for i in range(16)]

@@ -224,13 +224,17 @@ def test_the_ledger_reads_device_checksums_as_ints(cuda_model):
     assert all(r["match"] is True for r in rows if r["type"] == "decode_metadata")
 
 
-def test_the_ledgers_copies_and_snapshots_agree_with_the_states_they_copied_on_the_gpu(cuda_model):
-    """On cuda the digests of restores (landing with the next forward's results), clones (each read back on its own)
-    and decode snapshots (copied and digested in one launch, into the batch's rows) agree with the states they
-    copied: each copy's destination as left is its source as read; a restore reads what the clone that last filled
-    its source left there; a snapshot is the live state at its position wherever the ledger has both."""
+@pytest.mark.parametrize("device_seed", [0, 1, 2], ids=["own-timing", "nemesis-1", "nemesis-2"])
+def test_the_ledgers_copies_and_snapshots_agree_with_the_states_they_copied_on_the_gpu(cuda_model, device_seed):
+    """On cuda the digests of restores (landing with the next forward's results), clones (rows of a block on the copy
+    stream, each clone's landing with its fence) and decode snapshots (copied and digested in one launch, into the
+    batch's rows) agree with the states they copied: each copy's destination as left is its source as read; a restore
+    reads what the clone that last filled its source left there; a snapshot is the live state at its position
+    wherever the ledger has both. Under the nemesis too (seeded spins before ops on every stream), which keeps the
+    rows' copies queued while the host runs ahead: rows made off their stream were zeroed before their copy ran."""
     rows = []
-    engine = Engine(EngineConfig(device="cuda", overlap=True), model=cuda_model, sink=rows.append)
+    engine = Engine(EngineConfig(device="cuda", overlap=True, device_seed=device_seed), model=cuda_model,
+                    sink=rows.append)
     for prompt, step in hit_heavy(seed=2)[:12]:
         engine.submit(prompt, SamplingParams(max_tokens=40), at_step=step)
     engine.run()

@@ -11,7 +11,8 @@ logits') is ``triton.row_digests``.
 
 A forward's digests need no copy or event of their own: ``DigestRows`` are rows the batch's results tensor
 holds beyond its tokens, zeroed with them, which the digest kernels fill on the device and the batch's one results
-copy brings to the host (``ModelRunner.launch``); they land when the batch's tokens do.
+copy brings to the host (``ModelRunner.launch``); they land when the batch's tokens do. A restore's and a clone's
+take rows of a block made for them (``mini_engine.engine.landing``).
 """
 
 from __future__ import annotations
