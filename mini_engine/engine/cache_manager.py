@@ -259,8 +259,9 @@ class CacheManager:
         self.device.launch(self.copy_stream, lambda: self._copy_reported("clone_written", clone, source, length,
                                                                          into=rows), label=f"clone:{source}->{clone}")
         if rows is not None:  # its two digests to the host right behind it: they land with its fence
-            self.device.copy(self.copy_stream, rows.host[first: rows.taken], rows.device[first: rows.taken],
-                             label=f"clone_digests:{clone}")
+            with self.events.timing():
+                self.device.copy(self.copy_stream, rows.host[first: rows.taken], rows.device[first: rows.taken],
+                                 label=f"clone_digests:{clone}")
         done = self.fences.after(self.copy_stream, [source, clone])
         if rows is not None:
             rows.landing.done = done
@@ -276,7 +277,8 @@ class CacheManager:
         if not self._clone_digest_rows:
             return None
         if self._clone_block is None or self._clone_block.left < 2:
-            self._clone_block = digest_block(self.device, self.copy_stream, _CLONE_ROWS)
+            with self.events.timing():
+                self._clone_block = digest_block(self.device, self.copy_stream, _CLONE_ROWS)
         return self._clone_block
 
     def _donate_transfer(self, request: Request, tokens: list[int], slot: int, role: str) -> None:
