@@ -71,10 +71,12 @@ def test_rows_made_on_their_stream_keep_their_values_when_dropped_before_their_c
     rows, hosts = device.zeros((16, 2), dtype=torch.long, stream=stream), []
     for i in range(16):
         host = torch.zeros((16, 2), dtype=torch.long, pin_memory=True)
-        device.launch(stream, lambda: rows.fill_(i + 1), label="digests")  # (a launch runs its lambda at once)
+        device.launch(stream, lambda rows=rows, value=i + 1: rows.fill_(value), label="digests")
         device.launch(stream, lambda: torch.cuda._sleep(2_000_000), label="forward")  # about a millisecond
         device.copy(stream, host, rows, label="rows to the host")
         hosts.append(host)
-        rows = device.zeros((16, 2), dtype=torch.long, stream=stream)  # the dropped rows' memory, maybe
+        del rows  # dropped before the next are made, as the runner drops a forward's early rows: their memory, maybe
+        rows = device.zeros((16, 2), dtype=torch.long, stream=stream)
         device.synchronize()
     assert [sorted(set(h.flatten().tolist())) for h in hosts] == [[i + 1] for i in range(16)]
+    assert not rows.any()  # the rows made last, filled by nothing: their zero fill ran
