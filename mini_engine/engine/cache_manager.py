@@ -255,12 +255,12 @@ class CacheManager:
         clone = self._alloc_slot(TREE_SLOTS)
         self._barrier(self.copy_stream, [source, clone], site="clone", src=source, dst=clone)
         rows = self._clone_rows()
-        first = rows.taken if rows is not None else 0
         self.device.launch(self.copy_stream, lambda: self._copy_reported("clone_written", clone, source, length,
                                                                          into=rows), label=f"clone:{source}->{clone}")
         if rows is not None:  # its two digests to the host right behind it: they land with its fence
             with self.events.timing():
-                self.device.copy(self.copy_stream, rows.host[first: rows.taken], rows.device[first: rows.taken],
+                taken = rows.taken
+                self.device.copy(self.copy_stream, rows.host[taken - 2: taken], rows.device[taken - 2: taken],
                                  label=f"clone_digests:{clone}")
         done = self.fences.after(self.copy_stream, [source, clone])
         if rows is not None:
@@ -273,12 +273,14 @@ class CacheManager:
     def _clone_rows(self) -> DigestRows | None:
         """Two digest rows or more for a clone's ledger digests on CUDA: a block made on the copy stream, each clone's
         rows copied to the host behind it, landing with its fence (``landing.Landing``: the block's moves on with
-        each clone). None off CUDA or without a sink."""
+        each clone, and is unset until the clone taking rows now has recorded it: asking then is an error, not a
+        read of rows its copy has not reached). None off CUDA or without a sink."""
         if not self._clone_digest_rows:
             return None
         if self._clone_block is None or self._clone_block.left < 2:
             with self.events.timing():
                 self._clone_block = digest_block(self.device, self.copy_stream, _CLONE_ROWS)
+        self._clone_block.landing.done = None
         return self._clone_block
 
     def _donate_transfer(self, request: Request, tokens: list[int], slot: int, role: str) -> None:

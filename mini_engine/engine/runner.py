@@ -156,7 +156,8 @@ class ModelRunner:
         if not self._early or self._early[-1].left < 2:
             if self._landing is None:
                 self._landing = Landing(self.device)
-            self._early.append(digest_block(self.device, self.stream, _EARLY_ROWS, self._landing))
+            with self.events.timing():
+                self._early.append(digest_block(self.device, self.stream, _EARLY_ROWS, self._landing))
         return self._early[-1]
 
     def _decode_table(self, items: list[BatchItem]) -> torch.Tensor:
