@@ -3,7 +3,11 @@
 Kernels run their ``fn`` at once under the stream's context, so the GPU orders them exactly as the
 sim would have to: by stream order and recorded events only. Device tensors shared across streams
 are allocated up front by the engine (pools), so the caching allocator never recycles memory that
-another stream still reads.
+another stream still reads, and their zero fills, queued on the default stream (which torch's
+streams, created non-blocking, do not wait for), are waited for once when the engine is built. A
+tensor made later for one stream's ops is made on that stream (``zeros(stream=)``): made on the
+default stream, its memory, once dropped, could go to the next tensor made there while that
+stream's ops on it were still queued (the ledger's digest rows until session 28).
 
 ``seed`` 0 leaves the GPU its own timing. Any other seed adds a nemesis, the real-streams analogue
 of the sim's seeded scheduler: before an op, with probability one half, the stream it goes on first

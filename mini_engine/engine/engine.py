@@ -136,6 +136,9 @@ class Engine:
         # those of them the batch finished during: up to all of their time was on the step's path
         self.shadow_overruns, self.shadow_overrun_seconds = 0, 0.0
         self._ids = itertools.count()
+        # the pools' and the metadata's zero fills ran on the default stream, which the engine's streams do not wait
+        # for on a GPU: done before any op of theirs reads them (``Device.zeros``)
+        self.device.synchronize()
 
     # -- the embedded API ----------------------------------------------------------------------
     def submit(self, prompt: list[int] | str, params: SamplingParams | None = None, *, rid: str | None = None,
