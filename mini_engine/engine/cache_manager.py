@@ -40,7 +40,7 @@ from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation, Later
 from mini_engine.ops.checksum.deferred import DigestRows
 
-__all__ = ["CacheManager", "TREE_PAGES", "TREE_SLOTS"]
+__all__ = ["TREE_PAGES", "TREE_SLOTS", "CacheManager"]
 
 TREE_PAGES = Owner("tree", 0, "kv")
 TREE_SLOTS = Owner("tree", 0, "snapshot")
