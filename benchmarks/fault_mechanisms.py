@@ -7,7 +7,9 @@ each) on ``--device`` and counts, per cell, over the hammer and control engines:
 
 - restores whose source bytes (the checksum the copy read) differ from the bytes last written into
   that slot at that position before it (the clone, the snapshot write or the donor's own write):
-  a donated state changed after donation -- the aliasing of ``donate=transfer``;
+  a donated state changed after donation -- the aliasing of ``donate=transfer``; a restore either of whose
+  digests reads 0 never had them land (``forensics.attribute.UNLANDED``: the ledger's failure, not the
+  engine's) and is counted apart, as unlanded, not as changed;
 - decode steps whose page table as the kernel read it differs from the one staged for it: the stale
   resident metadata of ``metadata_fence=off``.
 
@@ -38,7 +40,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from forensics.attribute import donated_states
+from forensics.attribute import donated_states, unlanded
 from hammer.matrix import run_matrix, select
 from hammer.patterns.follow_up import REPLY_STOP
 
@@ -51,11 +53,15 @@ def mechanism_counts(ledger: Path) -> dict[str, int]:
         for line in handle:
             row = json.loads(line)
             groups[(row.get("engine"), row.get("round"))].append(row)
-    counts = {"restores": 0, "restores_changed_after_donation": 0, "decode_steps": 0, "decode_steps_stale": 0}
+    counts = {"restores": 0, "restores_changed_after_donation": 0, "restores_unlanded": 0, "decode_steps": 0,
+              "decode_steps_stale": 0}
     for rows in groups.values():
         for read, donated in donated_states(rows):
             counts["restores"] += 1
-            counts["restores_changed_after_donation"] += donated is not None and donated["checksum"] != read["src_checksum"]
+            if unlanded([read, *([donated] if donated is not None else [])]):
+                counts["restores_unlanded"] += 1
+            elif donated is not None and donated["checksum"] != read["src_checksum"]:
+                counts["restores_changed_after_donation"] += 1
         decodes = [row for row in rows if row["type"] == "decode_metadata"]
         counts["decode_steps"] += len(decodes)
         counts["decode_steps_stale"] += sum(not row["match"] for row in decodes)
@@ -91,11 +97,11 @@ def main() -> None:
                      for cell in matrix["cells"]]
     print(f"device {args.device}, model {args.model or 'default'} ({args.dtype or 'float32'}), {args.requests} "
           f"hammer requests per cell (and their controls); hammer exit 1 = corruption found")
-    print(f"{'cell':<20}{'seed':>5}{'restores':>9}{'changed after donation':>24}{'decode steps':>14}"
+    print(f"{'cell':<20}{'seed':>5}{'restores':>9}{'changed after donation':>24}{'unlanded':>10}{'decode steps':>14}"
           f"{'stale metadata':>16}{'exit':>6}")
     for r in rows:
         print(f"{r['cell']:<20}{r['device_seed']:>5}{r['restores']:>9}{r['restores_changed_after_donation']:>24}"
-              f"{r['decode_steps']:>14}{r['decode_steps_stale']:>16}{r['exit_code']:>6}")
+              f"{r['restores_unlanded']:>10}{r['decode_steps']:>14}{r['decode_steps_stale']:>16}{r['exit_code']:>6}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": args.device, "model": args.model, "dtype": args.dtype, "requests": args.requests,

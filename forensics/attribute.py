@@ -7,6 +7,9 @@ belief. For a corrupted request the decision list is::
     no restore (a fork, or a cold request)?            -> skip the state path
     restored slot freed and reused since donation?     -> evicted-under-lock
     restore ran before the donation's clone landed?    -> restore-raced
+    a digest the next checks compare reads 0?          -> ledger-unlanded (the engine's device digest never
+                                                          landed: its instrumentation failed, the ledger
+                                                          cannot judge this state path; ``UNLANDED``)
     restored slot != the bytes the restore read?       -> restore-incomplete (the copy itself dropped state)
     restored bytes != donated bytes?                   -> poisoned-after-donate (late write / alias)
     the clone read its source after the donor freed
@@ -32,9 +35,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["HYPOTHESES", "Attribution", "Verdict", "attribute", "donated_states", "inherited_detail"]
+__all__ = ["HYPOTHESES", "STATE_DIGESTS", "UNLANDED", "Attribution", "Verdict", "attribute", "donated_states",
+           "inherited_detail", "unlanded"]
 
 Row = Mapping[str, Any]
+
+# A state's 64-bit digest reads 0 with odds of 2**-64 (the empty state aside, which no slot holds): a ledger digest
+# of 0 is one whose lane sums never landed (a device digest copied to the host before its kernel filled its rows,
+# or rows zeroed under it), the engine's instrumentation failing, not evidence of what its slots held.
+UNLANDED = 0
+# the fields of each row type that hold a digest of a state's bytes
+STATE_DIGESTS = {"slot_write": ("checksum",), "snapshot_write": ("checksum",), "reference_state": ("checksum",),
+                 "clone_written": ("checksum", "src_checksum"), "restore_read": ("checksum", "src_checksum")}
 
 # verdict -> the hypothesis it confirms (as the seeds named them)
 HYPOTHESES = {
@@ -158,6 +170,9 @@ def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
     checked.append("restore-raced")
     if donated is not None and donated["seq"] > seq:
         return Verdict(rid, "restore-raced", (donation, read, donated), tuple(checked), window)
+    blind = [r for r in (read, donated) if r is not None and _unlanded(r)]
+    if blind:
+        return Verdict(rid, "ledger-unlanded", (donation, *blind), tuple(checked), window)
     checked.append("restore-incomplete")
     if read.get("checksum") is not None and read["checksum"] != read["src_checksum"]:
         return Verdict(rid, "restore-incomplete", (donation, read), tuple(checked), window)
@@ -181,12 +196,21 @@ def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
     return None
 
 
+def unlanded(ledger: Iterable[Row]) -> list[Row]:
+    """The rows holding a state digest that reads ``UNLANDED``: what the engine's instrumentation failed to see."""
+    return [r for r in ledger if _unlanded(r)]
+
+
+def _unlanded(row: Row) -> bool:
+    return any(row.get(f) == UNLANDED for f in STATE_DIGESTS.get(row["type"], ()))
+
+
 def donated_states(ledger: Iterable[Row]) -> list[tuple[Row, Row | None]]:
     """Every restore's source read (``restore_read``) of one engine's ledger, with the row holding the
     checksum of what the tree was given in that slot (None: the ledger does not reach the donation,
     or no forward wrote the donated state). A read whose ``src_checksum`` differs from that checksum
-    restored a state changed after donation. Checksums compare copies of the same bytes: exact on any
-    device."""
+    restored a state changed after donation, unless either digest is ``UNLANDED`` (``unlanded``). Checksums
+    compare copies of the same bytes: exact on any device."""
     book = _Ledger(ledger)
     pairs = []
     for read in book.find("restore_read"):

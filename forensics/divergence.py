@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from forensics.attribute import UNLANDED
 from forensics.ledger import checksum_format, streams
 
 __all__ = ["Divergence", "divergences", "first_mismatch", "partings"]
@@ -94,7 +95,8 @@ def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[st
     recomputed after preemption) counts by its last write. ``pairs``: run rid -> its control's rid (default: the
     same rid, for every rid of the run). ``logits``: per run rid, the run's and the control's logits checks of each
     output token, in order (``RequestResult.logit_checks``). ``formats``: the two ledgers' state checksum formats,
-    given where they differ: no position is then compared, the logits still are."""
+    given where they differ: no position is then compared, the logits still are. Nor is a position where either
+    digest reads 0 (it never landed: ``attribute.UNLANDED``)."""
     ours, theirs = _LiveWrites.of(run), _LiveWrites.of(control)
     pairs = pairs if pairs is not None else {rid: rid for rid in ours.by_rid}
     found = []
@@ -102,7 +104,8 @@ def divergences(run: Iterable[Row], control: Iterable[Row], *, pairs: Mapping[st
         other = theirs.by_rid.get(pairs.get(rid))
         if other is None:
             continue
-        common = [] if formats is not None else sorted(written.keys() & other.keys())
+        common = [] if formats is not None else [p for p in sorted(written.keys() & other.keys())
+                                                 if UNLANDED not in (written[p]["checksum"], other[p]["checksum"])]
         state_at = next((p for p in common if written[p]["checksum"] != other[p]["checksum"]), None)
         packed = None if state_at is None else (ours.packed(written[state_at]), theirs.packed(other[state_at]))
         found.append(Divergence(rid, len(common), state_at, packed, _first_token(logits, rid),

@@ -4,7 +4,8 @@ A row is a flat JSON object with ``type``, ``seq`` (its order in its stream; dev
 emitted when the op *runs*) and the fields below; ``step``, ``engine`` / ``round`` (which engine
 stream of a run it belongs to), ``stream`` and ``batch`` are optional everywhere. Checksums are
 64-bit integers over a slot's exact bytes (``mini_engine.ops.checksum`` documents the function; a
-foreign engine may use any 64-bit digest as long as it uses one throughout).
+foreign engine may use any 64-bit digest as long as it uses one throughout). A state checksum of 0 says the
+digest never landed (``attribute.UNLANDED``): it is not evidence, and a verdict resting on it is ``ledger-unlanded``.
 
     type               required fields                         says
     alloc / free       slot, owner, role                       a slot changed hands

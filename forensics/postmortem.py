@@ -4,7 +4,8 @@ Built from a run directory's ``attribution.json`` (``hammer analyze`` writes it)
 its history; pure, nothing here runs a model. ``build`` returns the structure (what the reports
 read, written as ``postmortem.json``), ``render`` the text::
 
-    header          run, target, faults, seeds, counts
+    header          run, target, faults, seeds, counts, and the ledger's state digests that read 0 (never
+                    landed: the engine's instrumentation failed, ``attribute.UNLANDED``) if there are any
     verdicts        one row per corrupted request: verdict, sticky window, oracles that fired, and on an
                     HTTP run the id the server knows it by (what to look for in the server's own logs)
     parted          per corrupted request with a cold control: where its live state (or, with every state
@@ -25,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from forensics.attribute import unlanded
 from forensics.divergence import Divergence
 from forensics.ledger import streams
 from forensics.records import RequestRecord, fold_history
@@ -61,7 +63,8 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     records = fold_history(run.history()).records
-    by_stream = streams(run.ledger())
+    ledger = list(run.ledger())
+    by_stream = streams(ledger)
     fired = fired or {}
     corrupted = {v["request"] for v in attribution["verdicts"]}
     verdicts = [{"request": v["request"], "verdict": v["verdict"], "window": v.get("window"),
@@ -86,7 +89,8 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
                     if key not in slots or _length(story) > _length(slots[key]):
                         slots[key] = story
     return {"run": str(run_dir.resolve()), "target": dict(run.meta.target), "faults": list(run.meta.faults),
-            "seeds": dict(run.meta.seeds), "counts": summary.get("counts", {}), "verdicts": verdicts,
+            "seeds": dict(run.meta.seeds), "counts": summary.get("counts", {}), "unlanded": len(unlanded(ledger)),
+            "verdicts": verdicts,
             "hypotheses": attribution["hypotheses"], "windows": windows, "slots": list(slots.values())}
 
 
@@ -176,7 +180,11 @@ def render(pm: Mapping[str, Any]) -> str:
              + f"; faults {', '.join(pm['faults']) or 'none'}; seeds "
              + ", ".join(f"{k} {v}" for k, v in pm["seeds"].items()),
              "counts " + (", ".join(f"{k} {counts[k]}" for k in ("requests", "hits", "corrupted", "corrupted_hits")
-                                    if k in counts) or "not judged"), ""]
+                                    if k in counts) or "not judged")]
+    if pm.get("unlanded"):
+        lines.append(f"LEDGER: {pm['unlanded']} state digest(s) read 0: the engine's device digests never landed "
+                     "(its instrumentation failed); not evidence, and a verdict resting on one is ledger-unlanded")
+    lines.append("")
     verdicts = pm["verdicts"]
     tally: dict[str, int] = {}
     for v in verdicts:

@@ -127,3 +127,12 @@ def test_a_divergence_reads_back_from_its_json_form():
     """attribution.json holds divergences as dicts (``packed`` a list): ``from_dict`` gives the same one back."""
     found = Divergence("a", 3, state_at=66, packed=(3, 2), token=1, restored_at=64, first_forward=True)
     assert Divergence.from_dict({**json.loads(json.dumps(dataclasses.asdict(found))), "control": "c"}) == found
+
+
+def test_positions_whose_digest_never_landed_are_not_compared():
+    """A live-slot digest of 0 in either ledger never landed (``attribute.UNLANDED``): that position is not compared
+    (nor counted), and the first real difference after it is the parting."""
+    run = [row("a", 1, 0), row("a", 2, 5, batch=1), row("a", 3, 6, batch=2)]
+    control = [row("a", 1, 7), row("a", 2, 5), row("a", 3, 9)]
+    (found,) = divergences(run, control)
+    assert found == Divergence("a", compared=2, state_at=3, packed=(1, 3))

@@ -172,3 +172,31 @@ def test_a_logged_row_reads_back_as_itself(row):
 def test_a_row_the_log_form_cannot_carry_is_refused_naming_the_field(row, field):
     with pytest.raises(SchemaError, match=field):
         log_line(row)
+
+
+def test_a_digest_that_never_landed_is_not_evidence():
+    """A state digest of 0 (``UNLANDED``: its lane sums never landed, as when the engine's digest rows were zeroed
+    before their copy ran) is the instrumentation failing: a restore whose read or whose donated bytes read 0 is
+    ``ledger-unlanded``, not poisoned; with real digests the same ledger convicts; the post-mortem counts them."""
+    from forensics.attribute import UNLANDED, attribute, unlanded
+    from forensics.postmortem import render
+
+    def ledger(read: int, cloned: int = 0x1111) -> list[dict]:
+        return [{"type": "clone_written", "seq": 1, "src": 2, "dst": 7, "position": 128, "checksum": cloned,
+                 "src_checksum": cloned},
+                {"type": "donate", "seq": 2, "rid": "req-A", "slot": 7, "position": 128, "prefix": "9f", "policy": "copy"},
+                {"type": "restore", "seq": 3, "rid": "req-B", "src": 7, "dst": 3, "position": 128, "prefix": "9f"},
+                {"type": "restore_read", "seq": 4, "rid": "req-B", "src": 7, "dst": 3, "position": 128,
+                 "src_checksum": read, "checksum": read}]
+
+    (blind,) = attribute(ledger(read=UNLANDED), ["req-B"]).verdicts
+    assert blind.verdict == "ledger-unlanded" and blind.evidence[-1]["type"] == "restore_read"
+    assert [r["seq"] for r in unlanded(ledger(read=UNLANDED))] == [4]
+    (blind_clone,) = attribute(ledger(read=0x1111, cloned=UNLANDED), ["req-B"]).verdicts
+    assert blind_clone.verdict == "ledger-unlanded" and blind_clone.evidence[-1]["type"] == "clone_written"
+    (convicted,) = attribute(ledger(read=0x2222), ["req-B"]).verdicts
+    assert convicted.verdict == "poisoned-after-donate" and unlanded(ledger(read=0x2222)) == []
+    pm = {"run": "r", "target": {}, "faults": [], "seeds": {}, "counts": {}, "verdicts": [], "hypotheses": [],
+          "windows": [], "slots": []}
+    assert "LEDGER: 3 state digest(s) read 0" in render({**pm, "unlanded": 3})
+    assert "LEDGER:" not in render(pm) and "LEDGER:" not in render({**pm, "unlanded": 0})

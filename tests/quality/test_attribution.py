@@ -114,9 +114,9 @@ def test_a_clone_that_read_its_source_after_the_free_is_freed_in_flight_not_a_wr
             {"type": "reference_state", "seq": 4, "prefix": "p", "position": 64, "checksum": 11},
             {"type": "free", "seq": 5, "slot": 8, "owner": "donor", "role": "pingpong"},
             {"type": "alloc", "seq": 6, "slot": 8, "owner": "newcomer", "role": "live"},
-            {"type": "clone_written", "seq": 7, "src": 8, "dst": 2, "position": 64, "src_checksum": 0, "checksum": 0},
+            {"type": "clone_written", "seq": 7, "src": 8, "dst": 2, "position": 64, "src_checksum": 99, "checksum": 99},
             {"type": "restore_read", "seq": 8, "rid": "victim", "src": 2, "dst": 5, "position": 64,
-             "src_checksum": 0, "checksum": 0}]
+             "src_checksum": 99, "checksum": 99}]  # (the newcomer's bytes: any digest but 0, which is UNLANDED)
     for row in rows:
         validate_row(row)
     (verdict,) = attribute(rows, ["victim"]).verdicts
