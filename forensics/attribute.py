@@ -170,13 +170,13 @@ def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
     checked.append("restore-raced")
     if donated is not None and donated["seq"] > seq:
         return Verdict(rid, "restore-raced", (donation, read, donated), tuple(checked), window)
-    blind = [r for r in (read, donated) if r is not None and _unlanded(r)]
+    reference = book.find("reference_state", prefix=donation.get("prefix") or prefix)
+    blind = [r for r in (read, donated, *reference[-1:]) if r is not None and _unlanded(r)]
     if blind:
         return Verdict(rid, "ledger-unlanded", (donation, *blind), tuple(checked), window)
     checked.append("restore-incomplete")
     if read.get("checksum") is not None and read["checksum"] != read["src_checksum"]:
         return Verdict(rid, "restore-incomplete", (donation, read), tuple(checked), window)
-    reference = book.find("reference_state", prefix=donation.get("prefix") or prefix)
     bad_at_donate = donated is None or bool(reference and reference[-1]["checksum"] != donated["checksum"])
     if reference or donated is None:
         checked.append("bad-at-donate")  # tested here even when a verdict earlier in the list wins

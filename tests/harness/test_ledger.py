@@ -194,6 +194,9 @@ def test_a_digest_that_never_landed_is_not_evidence():
     assert [r["seq"] for r in unlanded(ledger(read=UNLANDED))] == [4]
     (blind_clone,) = attribute(ledger(read=0x1111, cloned=UNLANDED), ["req-B"]).verdicts
     assert blind_clone.verdict == "ledger-unlanded" and blind_clone.evidence[-1]["type"] == "clone_written"
+    reference = {"type": "reference_state", "seq": 5, "prefix": "9f", "position": 128, "checksum": UNLANDED}
+    (blind_reference,) = attribute([*ledger(read=0x1111), reference], ["req-B"]).verdicts
+    assert blind_reference.verdict == "ledger-unlanded" and blind_reference.evidence[-1] == reference
     (convicted,) = attribute(ledger(read=0x2222), ["req-B"]).verdicts
     assert convicted.verdict == "poisoned-after-donate" and unlanded(ledger(read=0x2222)) == []
     pm = {"run": "r", "target": {}, "faults": [], "seeds": {}, "counts": {}, "verdicts": [], "hypotheses": [],
