@@ -184,7 +184,8 @@ def test_a_digest_that_never_landed_is_not_evidence():
     def ledger(read: int, cloned: int = 0x1111) -> list[dict]:
         return [{"type": "clone_written", "seq": 1, "src": 2, "dst": 7, "position": 128, "checksum": cloned,
                  "src_checksum": cloned},
-                {"type": "donate", "seq": 2, "rid": "req-A", "slot": 7, "position": 128, "prefix": "9f", "policy": "copy"},
+                {"type": "donate", "seq": 2, "rid": "req-A", "slot": 7, "position": 128, "prefix": "9f",
+                 "policy": "copy"},
                 {"type": "restore", "seq": 3, "rid": "req-B", "src": 7, "dst": 3, "position": 128, "prefix": "9f"},
                 {"type": "restore_read", "seq": 4, "rid": "req-B", "src": 7, "dst": 3, "position": 128,
                  "src_checksum": read, "checksum": read}]
