@@ -370,6 +370,9 @@ def _print_summary(summary: dict) -> None:
             ("corrupted", c.get("corrupted", 0)), ("corrupted hits", bad),
             ("corrupted-hit rate", f"{summary['corrupted_hit_rate']:.2%} (95% Wilson upper bound {upper:.2%})"),
             ("attribution", ", ".join(f"{k}: {v}" for k, v in summary["attribution"].items()) or "-"),
+            *([("ledger", (f"{summary['ledger_unlanded']} state digest(s) read 0: they never landed (the engine's "
+                           "instrumentation failed, not evidence; verdicts resting on them read ledger-unlanded)"))]
+              if summary.get("ledger_unlanded") else []),
             ("verdict", verdict)]
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics import RunDir, fold_history
+from forensics.attribute import unlanded
 from forensics.divergence import partings
 from forensics.ledger import attribute_streams
 from hammer.interpreter import run_ops
@@ -139,6 +140,8 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
                "corrupted_hit_rate": rate, "max_rate": max_rate, "exit_code": code,
                "corrupted": corrupted[:200], "attribution": verdicts,
                "hypotheses": {h["hypothesis"]: h["status"] for h in attribution.hypotheses},
+               # state digests that never landed (read 0): the engine's instrumentation failing, not evidence
+               "ledger_unlanded": len(unlanded(ledger)),
                "anomalies": list(analysis.anomalies)[:50]}
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return analysis, summary, code

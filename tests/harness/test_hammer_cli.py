@@ -299,3 +299,23 @@ def test_python_dash_m_hammer_is_the_hammer_command():
     done = subprocess.run([sys.executable, "-m", "hammer", "diff", "--help"], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0 and done.stdout.startswith("Usage: hammer diff"), done.stdout + done.stderr
+
+
+def test_analyze_counts_state_digests_that_never_landed(clean_run, tmp_path):
+    """A stored run whose ledger holds state digests of 0 (an engine whose digests never landed): `hammer analyze`
+    keeps its verdict, counts them in summary.json and says so in its table; the clean run itself has none."""
+    out, result = clean_run
+    assert json.loads((out / "last" / "summary.json").read_text())["ledger_unlanded"] == 0
+    assert "never landed" not in result.output
+    run = tmp_path / "run"
+    shutil.copytree((out / "last").resolve(), run)
+    rows = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    blinded = 0
+    for row in rows:
+        if row["type"] == "slot_write" and blinded < 3:
+            row["checksum"], blinded = 0, blinded + 1
+    (run / "ledger.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    analyzed = CliRunner().invoke(main, ["analyze", str(run)])
+    assert analyzed.exit_code == 0 and "CLEAN" in analyzed.output, analyzed.output
+    assert blinded == 3 and json.loads((run / "summary.json").read_text())["ledger_unlanded"] == 3
+    assert "3 state digest(s) read 0: they never landed" in analyzed.output
