@@ -128,8 +128,9 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
     parted = partings(ledger, controls, logits={request: (fold.records[request].logit_checks or (),
                                                           fold.records[control].logit_checks or ())
                                                 for request, control in controls.items()})
-    (Path(run_dir) / "attribution.json").write_text(json.dumps({**attribution.as_dict(), "parted": parted},
-                                                               indent=2) + "\n")
+    blind = len(unlanded(ledger))  # state digests that never landed (read 0): the instrumentation failing
+    (Path(run_dir) / "attribution.json").write_text(json.dumps({**attribution.as_dict(), "parted": parted,
+                                                                "ledger_unlanded": blind}, indent=2) + "\n")
     # A corrupted request that is no hit (cold corruption: the reference itself is in doubt) always fails.
     cold_corrupted = len(corrupted) > corrupted_hits
     code = EXIT_CORRUPTED if (corrupted_hits and rate > max_rate) or cold_corrupted else EXIT_CLEAN
@@ -140,8 +141,7 @@ def judge(run_dir: str | Path, *, max_rate: float = 0.0) -> tuple[Analysis, dict
                "corrupted_hit_rate": rate, "max_rate": max_rate, "exit_code": code,
                "corrupted": corrupted[:200], "attribution": verdicts,
                "hypotheses": {h["hypothesis"]: h["status"] for h in attribution.hypotheses},
-               # state digests that never landed (read 0): the engine's instrumentation failing, not evidence
-               "ledger_unlanded": len(unlanded(ledger)),
+               "ledger_unlanded": blind,
                "anomalies": list(analysis.anomalies)[:50]}
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return analysis, summary, code

@@ -96,6 +96,10 @@ def attribution_blocks(run_path: Path, *, titled: bool = False) -> list:
     if not isinstance(data, dict):
         data = {"rows": data}
     blocks = [*title, Paragraph(f"From {ATTRIBUTION} in the run directory.")]
+    if data.get("ledger_unlanded"):
+        blocks.append(Paragraph(f"The ledger holds {data['ledger_unlanded']} state digest(s) that read 0: they never "
+                                "landed (the engine's instrumentation failed, not its slots). They are not evidence: "
+                                "a verdict resting on one reads ledger-unlanded."))
     names = {"hypotheses": "Hypotheses: confirmed / falsified / untested by the ledger",
              "verdicts": "Per corrupted request: the verdict and the hypotheses its evidence could test",
              "windows": "Sticky windows: failures per donation (branch) they restored from",
