@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["HYPOTHESES", "STATE_DIGESTS", "UNLANDED", "Attribution", "Verdict", "attribute", "donated_states",
-           "inherited_detail", "unlanded"]
+           "inherited_detail", "unlanded", "unlanded_note"]
 
 Row = Mapping[str, Any]
 
@@ -199,6 +199,12 @@ def _state_path(book: _Ledger, read: Row, checked: list[str]) -> Verdict | None:
 def unlanded(ledger: Iterable[Row]) -> list[Row]:
     """The rows holding a state digest that reads ``UNLANDED``: what the engine's instrumentation failed to see."""
     return [r for r in ledger if _unlanded(r)]
+
+
+def unlanded_note(count: int) -> str:
+    """What ``count`` unlanded digests say (``hammer analyze``'s table, the run report, the post-mortem)."""
+    return (f"{count} state digest(s) read 0: they never landed (the engine's instrumentation failed, not its "
+            "slots); not evidence, and a verdict resting on one reads ledger-unlanded")
 
 
 def _unlanded(row: Row) -> bool:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from forensics.attribute import unlanded
+from forensics.attribute import unlanded, unlanded_note
 from forensics.divergence import Divergence
 from forensics.ledger import streams
 from forensics.records import RequestRecord, fold_history
@@ -182,8 +182,7 @@ def render(pm: Mapping[str, Any]) -> str:
              "counts " + (", ".join(f"{k} {counts[k]}" for k in ("requests", "hits", "corrupted", "corrupted_hits")
                                     if k in counts) or "not judged")]
     if pm.get("unlanded"):
-        lines.append(f"LEDGER: {pm['unlanded']} state digest(s) read 0: the engine's device digests never landed "
-                     "(its instrumentation failed); not evidence, and a verdict resting on one is ledger-unlanded")
+        lines.append(f"LEDGER: {unlanded_note(pm['unlanded'])}")
     lines.append("")
     verdicts = pm["verdicts"]
     tally: dict[str, int] = {}

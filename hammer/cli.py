@@ -350,6 +350,7 @@ def _write_report(run_dir: Path) -> None:
 
 
 def _print_summary(summary: dict) -> None:
+    from forensics.attribute import unlanded_note
     from reports.stats import wilson
 
     c = summary["counts"]
@@ -370,9 +371,7 @@ def _print_summary(summary: dict) -> None:
             ("corrupted", c.get("corrupted", 0)), ("corrupted hits", bad),
             ("corrupted-hit rate", f"{summary['corrupted_hit_rate']:.2%} (95% Wilson upper bound {upper:.2%})"),
             ("attribution", ", ".join(f"{k}: {v}" for k, v in summary["attribution"].items()) or "-"),
-            *([("ledger", (f"{summary['ledger_unlanded']} state digest(s) read 0: they never landed (the engine's "
-                           "instrumentation failed, not evidence; verdicts resting on them read ledger-unlanded)"))]
-              if summary.get("ledger_unlanded") else []),
+            *([("ledger", unlanded_note(summary["ledger_unlanded"]))] if summary.get("ledger_unlanded") else []),
             ("verdict", verdict)]
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from forensics.attribute import unlanded_note
 from reports.document import Heading, Paragraph, Table
 from reports.plots import hit_label
 from reports.summary import counted, percent
@@ -97,9 +98,7 @@ def attribution_blocks(run_path: Path, *, titled: bool = False) -> list:
         data = {"rows": data}
     blocks = [*title, Paragraph(f"From {ATTRIBUTION} in the run directory.")]
     if data.get("ledger_unlanded"):
-        blocks.append(Paragraph(f"The ledger holds {data['ledger_unlanded']} state digest(s) that read 0: they never "
-                                "landed (the engine's instrumentation failed, not its slots). They are not evidence: "
-                                "a verdict resting on one reads ledger-unlanded."))
+        blocks.append(Paragraph(f"Ledger: {unlanded_note(data['ledger_unlanded'])}."))
     names = {"hypotheses": "Hypotheses: confirmed / falsified / untested by the ledger",
              "verdicts": "Per corrupted request: the verdict and the hypotheses its evidence could test",
              "windows": "Sticky windows: failures per donation (branch) they restored from",

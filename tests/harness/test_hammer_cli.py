@@ -322,4 +322,4 @@ def test_analyze_counts_state_digests_that_never_landed(clean_run, tmp_path):
     assert json.loads((run / "attribution.json").read_text())["ledger_unlanded"] == 3
     reported = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "report")])
     assert reported.exit_code == 0, reported.output
-    assert "3 state digest(s) that read 0" in (tmp_path / "report" / "report.md").read_text()
+    assert "Ledger: 3 state digest(s) read 0: they never landed" in (tmp_path / "report" / "report.md").read_text()
