@@ -5,7 +5,8 @@ its history; pure, nothing here runs a model. ``build`` returns the structure (w
 read, written as ``postmortem.json``), ``render`` the text::
 
     header          run, target, faults, seeds, counts, and the ledger's state digests that read 0 (never
-                    landed: the engine's instrumentation failed, ``attribute.UNLANDED``) if there are any
+                    landed: the engine's instrumentation failed, ``attribute.UNLANDED``; attribution.json's count,
+                    kept since session 28) if there are any
     verdicts        one row per corrupted request: verdict, sticky window, oracles that fired, and on an
                     HTTP run the id the server knows it by (what to look for in the server's own logs)
     parted          per corrupted request with a cold control: where its live state (or, with every state
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from forensics.attribute import unlanded, unlanded_note
+from forensics.attribute import unlanded_note
 from forensics.divergence import Divergence
 from forensics.ledger import streams
 from forensics.records import RequestRecord, fold_history
@@ -63,8 +64,7 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     records = fold_history(run.history()).records
-    ledger = list(run.ledger())
-    by_stream = streams(ledger)
+    by_stream = streams(run.ledger())
     fired = fired or {}
     corrupted = {v["request"] for v in attribution["verdicts"]}
     verdicts = [{"request": v["request"], "verdict": v["verdict"], "window": v.get("window"),
@@ -89,7 +89,7 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
                     if key not in slots or _length(story) > _length(slots[key]):
                         slots[key] = story
     return {"run": str(run_dir.resolve()), "target": dict(run.meta.target), "faults": list(run.meta.faults),
-            "seeds": dict(run.meta.seeds), "counts": summary.get("counts", {}), "unlanded": len(unlanded(ledger)),
+            "seeds": dict(run.meta.seeds), "counts": summary.get("counts", {}), "unlanded": attribution.get("ledger_unlanded", 0),
             "verdicts": verdicts,
             "hypotheses": attribution["hypotheses"], "windows": windows, "slots": list(slots.values())}
 

@@ -34,7 +34,7 @@ from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Stream
 from mini_engine.engine.config import EngineConfig
 from mini_engine.engine.fences import SlotFences
-from mini_engine.engine.landing import digest_block
+from mini_engine.engine.landing import digest_block, lands_in_rows
 from mini_engine.engine.request import Commit, Request, prefix_digest
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation, Later
@@ -70,7 +70,7 @@ class CacheManager:
         self.early_rows: Callable[[], DigestRows | None] = lambda: None
         # the rows clones' ledger digests are taken from on CUDA (``_clone_rows``)
         self._clone_block: DigestRows | None = None
-        self._clone_digest_rows = device.torch_device.type == "cuda" and instrumentation.enabled
+        self._clone_digest_rows = lands_in_rows(device, instrumentation)
 
     # -- admission ---------------------------------------------------------------------------
     def try_admit(self, request: Request) -> bool:

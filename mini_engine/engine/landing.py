@@ -13,9 +13,16 @@ from __future__ import annotations
 import torch
 
 from mini_engine.device import Device, Event, Stream
+from mini_engine.instrument import Instrumentation
 from mini_engine.ops.checksum.deferred import DigestRows
 
-__all__ = ["Landing", "digest_block"]
+__all__ = ["Landing", "digest_block", "lands_in_rows"]
+
+
+def lands_in_rows(device: Device, instrumentation: Instrumentation) -> bool:
+    """Whether the ledger's device digests land in ``DigestRows`` (on CUDA, with a sink), not as ints or each on its
+    own."""
+    return device.torch_device.type == "cuda" and instrumentation.enabled
 
 
 class Landing:

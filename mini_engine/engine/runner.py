@@ -15,7 +15,7 @@ import torch
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Event, Stream, upload
 from mini_engine.engine.fences import SlotFences
-from mini_engine.engine.landing import Landing, digest_block
+from mini_engine.engine.landing import Landing, digest_block, lands_in_rows
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request, SamplingParams
 from mini_engine.engine.step_ledger import decode_step_rows, live_write, logits_checks, metadata_read, step_digests
@@ -99,7 +99,7 @@ class ModelRunner:
         self._staged_digests = DigestCache(_STAGED_DIGESTS)
         # the ledger's digests on CUDA land with the batches' results (``DigestRows``): the next batch's landing,
         # and the rows of the work queued before its forward (``early_rows``)
-        self._digest_rows = device.torch_device.type == "cuda" and instrumentation.enabled
+        self._digest_rows = lands_in_rows(device, instrumentation)
         self._landing: Landing | None = None
         self._early: list[DigestRows] = []
 
