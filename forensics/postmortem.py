@@ -89,7 +89,8 @@ def build(run_dir: str | Path, *, fired: Mapping[str, Sequence[str]] | None = No
                     if key not in slots or _length(story) > _length(slots[key]):
                         slots[key] = story
     return {"run": str(run_dir.resolve()), "target": dict(run.meta.target), "faults": list(run.meta.faults),
-            "seeds": dict(run.meta.seeds), "counts": summary.get("counts", {}), "unlanded": attribution.get("ledger_unlanded", 0),
+            "seeds": dict(run.meta.seeds), "counts": summary.get("counts", {}),
+            "unlanded": attribution.get("ledger_unlanded", 0),
             "verdicts": verdicts,
             "hypotheses": attribution["hypotheses"], "windows": windows, "slots": list(slots.values())}
 
