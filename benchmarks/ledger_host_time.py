@@ -45,7 +45,7 @@ TIMED = [
     ("mini_engine.ops.checksum.deferred", "DeviceDigest.resolve_all"),
     ("mini_engine.ops.checksum.deferred", "on_host"),
     ("mini_engine.ops.checksum.deferred", "DigestRows.take"),
-    ("mini_engine.engine.landing", "digest_block"),
+    ("mini_engine.engine.landing", "DigestArena.block"),
     ("mini_engine.engine.runner", "ModelRunner._decode_digests"),
     ("mini_engine.engine.runner", "ModelRunner._report_step"),
     ("mini_engine.engine.runner", "ModelRunner._report_writes"),

@@ -34,7 +34,7 @@ from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Stream
 from mini_engine.engine.config import EngineConfig
 from mini_engine.engine.fences import SlotFences
-from mini_engine.engine.landing import digest_block, lands_in_rows
+from mini_engine.engine.landing import DigestArena, lands_in_rows
 from mini_engine.engine.request import Commit, Request, prefix_digest
 from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.instrument import Instrumentation, Later
@@ -68,8 +68,10 @@ class CacheManager:
         # () -> DigestRows | None: rows for the ledger's digests of a restore, landing with the next forward's
         # results (``ModelRunner.early_rows``; set by the engine); None: each copied back on its own
         self.early_rows: Callable[[], DigestRows | None] = lambda: None
-        # the rows clones' ledger digests are taken from on CUDA (``_clone_rows``)
+        # the rows clones' ledger digests are taken from on CUDA (``_clone_rows``), blocks cut from rows made on the
+        # copy stream
         self._clone_block: DigestRows | None = None
+        self._clone_arena = DigestArena(device, copy_stream)
         self._clone_digest_rows = lands_in_rows(device, instrumentation)
 
     # -- admission ---------------------------------------------------------------------------
@@ -271,15 +273,16 @@ class CacheManager:
         return clone
 
     def _clone_rows(self) -> DigestRows | None:
-        """Two digest rows or more for a clone's ledger digests on CUDA: a block made on the copy stream, each clone's
-        rows copied to the host behind it, landing with its fence (``landing.Landing``: the block's moves on with
-        each clone, and is unset until the clone taking rows now has recorded it: asking then is an error, not a
-        read of rows its copy has not reached). None off CUDA or without a sink."""
+        """Two digest rows or more for a clone's ledger digests on CUDA: a block cut from rows made on the copy stream
+        (``landing.DigestArena``), each clone's rows copied to the host behind it, landing with its fence
+        (``landing.Landing``: the block's moves on with each clone, and is unset until the clone taking rows now has
+        recorded it: asking then is an error, not a read of rows its copy has not reached). None off CUDA or without a
+        sink."""
         if not self._clone_digest_rows:
             return None
         if self._clone_block is None or self._clone_block.left < 2:
             with self.events.timing():
-                self._clone_block = digest_block(self.device, self.copy_stream, _CLONE_ROWS)
+                self._clone_block = self._clone_arena.block(_CLONE_ROWS)
         self._clone_block.landing.done = None
         return self._clone_block
 

@@ -14,8 +14,9 @@ import torch
 
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Event, Stream, upload
+from mini_engine.device.pinned import pinned_empty
 from mini_engine.engine.fences import SlotFences
-from mini_engine.engine.landing import Landing, digest_block, lands_in_rows
+from mini_engine.engine.landing import DigestArena, Landing, lands_in_rows
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
 from mini_engine.engine.request import Commit, Request, SamplingParams
 from mini_engine.engine.step_ledger import decode_step_rows, live_write, logits_checks, metadata_read, step_digests
@@ -102,6 +103,7 @@ class ModelRunner:
         self._digest_rows = lands_in_rows(device, instrumentation)
         self._landing: Landing | None = None
         self._early: list[DigestRows] = []
+        self._early_arena = DigestArena(device, self.stream)
 
     def results(self, batch: Batch) -> list[tuple[int, int]]:
         """Block until ``batch`` has run and return (sampled token, logits check) per item (batches launched
@@ -125,7 +127,8 @@ class ModelRunner:
         n = len(items)
         rows = n + (4 * n if self._digest_rows else 0)
         results = self.device.zeros((rows, 2), dtype=torch.long, stream=self.stream)  # (``landing``'s docstring)
-        host = torch.zeros((rows, 2), dtype=torch.long, pin_memory=pinned)
+        # its host mirror: every row written by the copy below (on CUDA cut from the pinned arena, ``device.pinned``)
+        host = pinned_empty((rows, 2), torch.long) if pinned else torch.zeros((rows, 2), dtype=torch.long)
         batch = Batch(self._batches, items, results[:n], host[:n], Event(0), buffer, results=results)
         landing, self._landing = self._landing or Landing(self.device), None
         if rows > n:
@@ -157,7 +160,7 @@ class ModelRunner:
             if self._landing is None:
                 self._landing = Landing(self.device)
             with self.events.timing():
-                self._early.append(digest_block(self.device, self.stream, _EARLY_ROWS, self._landing))
+                self._early.append(self._early_arena.block(_EARLY_ROWS, self._landing))
         return self._early[-1]
 
     def _decode_table(self, items: list[BatchItem]) -> torch.Tensor:

@@ -59,11 +59,12 @@ def test_digests_land_with_their_copy_and_not_before_it_is_queued():
     before the work that fills them had run); once set it is that event's state, and a block's landing moved on to a
     later copy's event (the next clone's) is that one's."""
     from mini_engine.device.sim import SimDevice
-    from mini_engine.engine.landing import Landing, digest_block
+    from mini_engine.engine.landing import DigestArena, Landing
 
     device = SimDevice()
     stream = device.stream("copy")
-    block = digest_block(device, stream, 4)
+    arena = DigestArena(device, stream)
+    block = arena.block(4)
     landing = block.landing
     assert isinstance(landing, Landing) and block.left == 4 and not block.device.any() and not block.host.any()
     with pytest.raises(RuntimeError, match="digests asked for before the copy they land with was queued"):
@@ -75,7 +76,30 @@ def test_digests_land_with_their_copy_and_not_before_it_is_queued():
         assert not landing.query()
     landing.synchronize()
     assert landing.query() and device.is_complete(landing.done)
-    assert digest_block(device, stream, 2, landing).landing is landing
+    assert arena.block(2, landing).landing is landing
+
+
+def test_digest_blocks_are_cut_from_their_arena_and_never_share_a_row():
+    """``DigestArena``: blocks cut in order, each zero when cut; an arena used up gives way to a fresh one while
+    blocks cut from the old keep their rows (a block's digests, added in, are not zeroed or taken again); a block
+    larger than the arena is refused."""
+    from mini_engine.device.sim import SimDevice
+    from mini_engine.engine.landing import DigestArena
+
+    device = SimDevice()
+    arena = DigestArena(device, device.stream("compute"), rows=8)
+    blocks = []
+    for i in range(7):  # 3 rows each: two blocks an arena, four arenas
+        block = arena.block(3)
+        assert block.left == 3 and not block.device.any() and not block.host.any()
+        rows, first = block.take(3)
+        assert first == 0
+        rows += i + 1  # a digest kernel adds its lane sums in
+        blocks.append(block)
+    assert [sorted(set(b.device.flatten().tolist())) for b in blocks] == [[i + 1] for i in range(7)]
+    assert len({b.device.untyped_storage().data_ptr() for b in blocks}) == 4
+    with pytest.raises(ValueError, match="a digest block takes 1 to 8 rows of its arena; asked for 9"):
+        arena.block(9)
 
 
 def test_the_ledger_is_flushed_every_few_steps_while_busy_and_waited_for_once_idle(tiny_model):
