@@ -39,16 +39,13 @@ def upload(host, device):
     """``host`` (a tensor) on ``device`` without synchronising: a CPU tensor bound for a GPU goes through pinned
     memory, non-blocking, on the current stream (a plain copy from pageable memory waits for everything queued
     there, so the host stops running ahead of the device: 31 waits in one 0.8B prefill forward, measured, as
-    many as it made such uploads). The pinned copy is cut from the process's arena (``pinned.stage``: an
-    allocation of its own a call cost 14-22 us), which keeps it until the transfer has run, and the caller's
-    tensor may change at once. Anything else is ``host.to(device)``."""
+    many as it made such uploads). The caching host allocator keeps the pinned copy until the transfer has run,
+    and the caller's tensor may change at once. Anything else is ``host.to(device)``."""
     import torch
 
     device = torch.device(device)
     if host.device.type == "cpu" and device.type == "cuda":
-        from mini_engine.device.pinned import stage
-
-        return stage(host).to(device, non_blocking=True)
+        return host.pin_memory().to(device, non_blocking=True)
     return host.to(device)
 
 

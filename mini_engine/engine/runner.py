@@ -14,7 +14,6 @@ import torch
 
 from mini_engine.constants import SNAPSHOT_ALIGN
 from mini_engine.device import Device, Event, Stream, upload
-from mini_engine.device.pinned import pinned_empty
 from mini_engine.engine.fences import SlotFences
 from mini_engine.engine.landing import DigestArena, Landing, lands_in_rows
 from mini_engine.engine.metadata import ResidentDecodeMetadata, gather_shards
@@ -127,8 +126,7 @@ class ModelRunner:
         n = len(items)
         rows = n + (4 * n if self._digest_rows else 0)
         results = self.device.zeros((rows, 2), dtype=torch.long, stream=self.stream)  # (``landing``'s docstring)
-        # its host mirror: every row written by the copy below (on CUDA cut from the pinned arena, ``device.pinned``)
-        host = pinned_empty((rows, 2), torch.long) if pinned else torch.zeros((rows, 2), dtype=torch.long)
+        host = torch.zeros((rows, 2), dtype=torch.long, pin_memory=pinned)
         batch = Batch(self._batches, items, results[:n], host[:n], Event(0), buffer, results=results)
         landing, self._landing = self._landing or Landing(self.device), None
         if rows > n:
