@@ -24,9 +24,8 @@
 #              run tests to check the table on this GPU
 #   retune     the 0.8B model's bfloat16 decode gemms ranked at batch 1 alone (scripts/tune_decode_gemms.py --batches 1,
 #              each batch's times kept) into OUT_DIR/tuned_b1.json, then the engine's defaults with the package's table
-#              against them (benchmarks/gpu_engine.py --gemm-table, one process, batch 1 and 32, the roofline): on the
-#              H200, whose table ranked on batches 1 + 32 chose cuBLAS for the three widest weights, a choice that
-#              cost an H100 4.3 % at batch 1 (session 27)
+#              against them (benchmarks/gpu_engine.py --gemm-table, one process, batch 1 and 32, the roofline). Run on
+#              the H200 in session 29 (batch 1 954.4 against 896.7 tok/s): the packaged H200 table is that ranking now
 #   gemms      the batch-1 gemm against the roofline: the gemm configurations' GPU test (the swapped tile by address,
 #              by TMA descriptor, its splits summed in one launch, as programmatic dependent launches), then
 #              benchmarks/decode_gemms.py --wide (each shape's gemm and the step's 97 in a CUDA graph: cuBLAS, the

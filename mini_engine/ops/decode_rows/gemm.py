@@ -37,8 +37,10 @@ One choice serves every batch, and the fastest at one batch need not be at anoth
 times (by default 1 and 32), ``rank_by_batch`` keeps them apart. On an H100 (session 27) the three widest layer
 weights (8224, 7168 and 5120 x 1024) ran fastest as the dependent-launch tile at batch 1 (8.26, 7.46 and 6.14 us
 against cuBLAS's 8.60, 8.48 and 6.79) and on cuBLAS at batch 32 (8.95, 8.10 and 7.08 against 9.73, 8.70 and 7.64).
-The H200's table, ranked on the sum, has cuBLAS for those three; on the H100 the same choice cost the engine's
-decode 4.3 % at batch 1 (797-803 against 835-838 tok/s) and changed batch 32 by -0.2 to +3.3 %.
+The H200's table, ranked on the sum (session 18), had cuBLAS for those three; on the H100 the same choice cost the
+engine's decode 4.3 % at batch 1 (797-803 against 835-838 tok/s) and changed batch 32 by -0.2 to +3.3 %. Ranked at
+batch 1 on an H200 (session 29) the tile won all seven of the 0.8B's weights: the engine's batch 1 954.4 against
+896.7 tok/s, batch 32 18,711 against 19,443; the packaged H200 table has the batch-1 ranking since.
 """
 
 from __future__ import annotations
