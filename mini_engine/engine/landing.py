@@ -53,10 +53,11 @@ class Landing:
 class DigestArena:
     """Blocks of digest rows for work queued on ``stream``, cut in order from ``rows`` zeroed rows made there at a
     time (the module's docstring), with their host mirror (pinned on a GPU). No row is handed out twice, so each is
-    zero until a digest adds into it. A block made on its own (device rows, a zero fill, pinned host rows) cost 98
-    us of host time on a slow H100 host, 23 a 0.8B run (session 28); a cut is two views. An arena used up is
-    dropped for a fresh one: its device memory goes only to later work on ``stream`` once the blocks cut from it are
-    gone, its host memory once their copies have run (``device.pinned``'s docstring)."""
+    zero until a digest adds into it. A block made on its own (device rows, a zero fill, pinned host rows), ~23 a
+    0.8B run, cost 25 us of host time on an H200's host, a cut 5 (``benchmarks/pinned_transfers.py``). An arena used
+    up is dropped for a fresh one: its device memory goes only to later work on ``stream`` once the blocks cut from
+    it are gone, its host memory once the copies into it have run (torch's caching host allocator keeps a pinned
+    block until the streams that copied through it have passed that point)."""
 
     __slots__ = ("_device", "_host", "_used", "device", "rows", "stream")
 
