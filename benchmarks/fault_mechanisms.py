@@ -58,7 +58,7 @@ def mechanism_counts(ledger: Path) -> dict[str, int]:
     for rows in groups.values():
         for read, donated in donated_states(rows):
             counts["restores"] += 1
-            if unlanded([read, *([donated] if donated is not None else [])]):
+            if unlanded(row for row in (read, donated) if row is not None):
                 counts["restores_unlanded"] += 1
             elif donated is not None and donated["checksum"] != read["src_checksum"]:
                 counts["restores_changed_after_donation"] += 1

@@ -5,8 +5,8 @@ its history; pure, nothing here runs a model. ``build`` returns the structure (w
 read, written as ``postmortem.json``), ``render`` the text::
 
     header          run, target, faults, seeds, counts, and the ledger's state digests that read 0 (never
-                    landed: the engine's instrumentation failed, ``attribute.UNLANDED``; attribution.json's count,
-                    kept since session 28) if there are any
+                    landed: the engine's instrumentation failed, ``attribute.UNLANDED``; attribution.json's
+                    ``ledger_unlanded``) if there are any
     verdicts        one row per corrupted request: verdict, sticky window, oracles that fired, and on an
                     HTTP run the id the server knows it by (what to look for in the server's own logs)
     parted          per corrupted request with a cold control: where its live state (or, with every state
