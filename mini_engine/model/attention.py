@@ -58,7 +58,7 @@ class GatedAttention(nn.Module):
         values = torch.cat([t for i in range(batch.size) for t in (past_values[i], v[batch.rows(i)])])
         key_lengths = [batch.starts[i] + batch.lengths[i] for i in range(batch.size)]
         cu_k = torch.tensor([0, *accumulate(key_lengths)])
-        out = ops.attention(kernels, q=q, k=keys, v=values, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_k)
+        out = ops.attention(kernels, q=q, k=keys, v=values, batch=batch, cu_seqlens_k=cu_k)
         if kernels == "triton":
             from mini_engine.ops.decode_rows.triton import sigmoid_mul
 

@@ -79,8 +79,7 @@ class GatedDeltaNet(nn.Module):
         return rows, z, mixed, conv.final_state
 
     def _conv(self, mixed: torch.Tensor, batch: PackedBatch, conv_state: torch.Tensor, kernels: str):
-        return ops.conv(kernels, x=mixed, weight=self.conv1d.weight[:, 0], cu_seqlens=batch.cu_seqlens,
-                        initial_state=conv_state)
+        return ops.conv(kernels, x=mixed, weight=self.conv1d.weight[:, 0], batch=batch, initial_state=conv_state)
 
     def gates(self, h: torch.Tensor, kernels: str = "reference") -> tuple[torch.Tensor, torch.Tensor]:
         """Per token and value head: the log-decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``."""

@@ -149,8 +149,13 @@ class HybridModel(nn.Module):
                 for i in range(batch.size)]
 
     def _embed(self, tokens: list[torch.Tensor], batch: PackedBatch, media: list[MediaRows | None] | None):
-        # Prompt tokens come from the host, decode tokens from the device: the weights' device decides.
-        x = self.model.embed_tokens(torch.cat([upload(t, self.device) for t in tokens])).float()
+        # Prompt tokens come from the host (one upload for the batch), decode tokens from the device: the weights'
+        # device decides.
+        if all(t.device.type == "cpu" for t in tokens):
+            ids = upload(torch.cat(tokens), self.device)
+        else:
+            ids = torch.cat([upload(t, self.device) for t in tokens])
+        x = self.model.embed_tokens(ids).float()
         for i, entry in enumerate(media or ()):
             if entry is not None:
                 rows, features = entry

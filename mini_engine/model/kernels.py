@@ -21,6 +21,7 @@ import functools
 import torch
 
 from mini_engine.device import upload
+from mini_engine.model.batch import PackedBatch
 from mini_engine.ops.attention import attention_with_prefix
 from mini_engine.ops.causal_conv1d import ConvResult, causal_conv1d
 from mini_engine.ops.gated_delta_rule import GdnResult, chunk_gated_delta_rule
@@ -46,14 +47,17 @@ def linear(kernels: str, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return reference_linear(x, weight)
 
 
-def conv(kernels: str, *, x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor,
+def conv(kernels: str, *, x: torch.Tensor, weight: torch.Tensor, batch: PackedBatch,
          initial_state: torch.Tensor) -> ConvResult:
-    """Depthwise causal conv with SiLU over a packed batch (``causal_conv1d``)."""
+    """Depthwise causal conv with SiLU over the packed ``batch`` (``causal_conv1d``); the Triton form reads the
+    batch's offsets on x's device, uploaded once for the forward."""
     if kernels == "triton":
         from mini_engine.ops.causal_conv1d.triton import causal_conv1d as conv_triton
 
-        return conv_triton(x=x, weight=weight, cu_seqlens=cu_seqlens, initial_state=initial_state, activation="silu")
-    return causal_conv1d(x=x, weight=weight, cu_seqlens=cu_seqlens, initial_state=initial_state, activation="silu")
+        return conv_triton(x=x, weight=weight, cu_seqlens=batch.cu_seqlens_on(x.device), initial_state=initial_state,
+                           activation="silu")
+    return causal_conv1d(x=x, weight=weight, cu_seqlens=batch.cu_seqlens, initial_state=initial_state,
+                         activation="silu")
 
 
 def gated_delta_rule(kernels: str, *, q, k, v, g, beta, cu_seqlens: torch.Tensor,
@@ -68,21 +72,21 @@ def gated_delta_rule(kernels: str, *, q, k, v, g, beta, cu_seqlens: torch.Tensor
     return chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, initial_state=initial_state)
 
 
-def attention(kernels: str, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+def attention(kernels: str, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch,
               cu_seqlens_k: torch.Tensor) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its keys, packed (``attention_with_prefix``;
-    offsets on the host). The Triton form reads the packed keys as a paged cache of one-position pages
-    whose page table names each sequence's rows, so the same kernel serves the engine's pages and this."""
+    """Causal attention of each sequence's new queries (the packed ``batch``) over its keys, packed
+    (``attention_with_prefix``; the keys' offsets on the host). The Triton form reads the packed keys as a paged
+    cache of one-position pages whose page table names each sequence's rows, so the same kernel serves the
+    engine's pages and this; the queries' offsets on q's device, uploaded once for the forward."""
     if kernels != "triton":
-        return attention_with_prefix(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+        return attention_with_prefix(q=q, k=k, v=v, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_k=cu_seqlens_k)
     from mini_engine.ops.attention.triton import paged_prefill_attention
 
     table, key_lengths = _one_position_pages(tuple(cu_seqlens_k.tolist()), q.device)
-    query_lengths = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     k_pages, v_pages = (t.reshape(t.shape[0], 1, *t.shape[1:]) for t in (k, v))
     return paged_prefill_attention(q=q.contiguous(), k_cache=k_pages, v_cache=v_pages, page_table=table,
-                                   cu_seqlens_q=cu_seqlens_q, seq_lens=key_lengths,
-                                   max_seqlen_q=int(query_lengths.max()))
+                                   cu_seqlens_q=batch.cu_seqlens_on(q.device), seq_lens=key_lengths,
+                                   max_seqlen_q=max(batch.lengths))
 
 
 @functools.lru_cache(maxsize=8)
