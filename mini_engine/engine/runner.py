@@ -202,10 +202,10 @@ class ModelRunner:
         sampled = [(i, it, out.logits[-1]) for i, it, out in zip(indices, items, outputs) if it.sample]
         if sampled:
             logits = torch.stack([last for _, _, last in sampled])
-            rows = upload(torch.tensor([i for i, _, _ in sampled]), logits.device)
+            rows, slots = upload(torch.tensor([[i for i, _, _ in sampled], [it.live_slot for _, it, _ in sampled]]),
+                                 logits.device)  # one upload, both indices
             tokens = self._pick_tokens(logits, [it for _, it, _ in sampled])
             batch.sampled[:, 0].index_copy_(0, rows, tokens)
-            slots = upload(torch.tensor([it.live_slot for _, it, _ in sampled]), logits.device)
             self.states.next_token.index_copy_(0, slots, tokens)
         if not self.events.enabled:
             return
@@ -230,13 +230,11 @@ class ModelRunner:
         if self.graphs is not None:
             self._decode_graphed(batch, indices, items, slots, positions, table, counts)
         else:
-            device = self.states.next_token.device
-            slot_ids = upload(torch.tensor(slots), device)
+            slot_ids, rows = upload(torch.tensor([slots, indices]), self.states.next_token.device)  # one upload
             tokens_in = self.states.next_token.index_select(0, slot_ids)
             logits = decode_step(self.decode_model, self.pools, tokens_in, slots, positions, table)
             tokens = self._pick_tokens(logits, items)
             self.states.next_token.index_copy_(0, slot_ids, tokens)
-            rows = upload(torch.tensor(indices), device)
             batch.sampled[:, 0].index_copy_(0, rows, tokens)
             if self.events.enabled:  # the batch's digests together: a few launches or none, not a few per item
                 with self.events.timing():

@@ -255,7 +255,8 @@ class KVStorage:
     def scatter(self, pages: list[int], start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write [L_full, n, Hkv, D] KV for positions [start, start + n) through a page table."""
         positions = torch.arange(start, start + keys.shape[1])
-        page_index = upload(torch.tensor(pages, dtype=torch.long)[positions // self.page_size], self.keys.device)
-        offsets = upload(positions % self.page_size, self.keys.device)
+        host = torch.stack([torch.tensor(pages, dtype=torch.long)[positions // self.page_size],
+                            positions % self.page_size])
+        page_index, offsets = upload(host, self.keys.device)  # one upload, both indices
         self.keys[page_index, :, offsets] = keys.transpose(0, 1)
         self.values[page_index, :, offsets] = values.transpose(0, 1)
