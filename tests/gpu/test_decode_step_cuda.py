@@ -151,8 +151,7 @@ def test_every_gemm_configuration_on_the_gpu(n_out, n_in):
     concurrent programs), and the TMA tiles as programmatic dependent launches (also asking the L2 for their weight
     rows before their wait, ``prefetch``: their twins' bits), at the 0.8B model's shapes in bfloat16: within bf16
     rounding of the float32 product, rows past the batch zero, and a row's bits the same alone as in a batch of 20
-    (two live 16-row tiles); a swapped tile reading an MLP's gate | up rows
-    (``silu_mul=True``) gives the bits of the activation's kernel then the gemm."""
+    (two live 16-row tiles)."""
     import torch
 
     from mini_engine.ops.decode_rows import gemm
