@@ -1,0 +1,185 @@
+"""Where a graphed decode step's time goes: the device against the host, and each class of the step's kernels.
+
+The engine's batch-1 decode on the issue's model is short of 40 % of the H200's weight-bandwidth roofline (34.5 %,
+session 29), and fusing kernels to cut the step's ~240 launches has twice cost more than the launch it saved (the
+SwiGLU in the down projection's tiles, the one-launch GDN layer: RESULTS.md, twelfth and seventh passes). Before
+another fusion, this measures what one could win at most, on the engine's own step (``gpu_engine.py``'s model,
+the engine's defaults in bfloat16):
+
+- **host or device**: the engine's decode step (``Engine.step``: scheduling, the step's upload and page-table copy,
+  the graph's launch, its results' read-back) against the same step's CUDA graph replayed back to back on the
+  device alone (``DecodeGraphs``' graph for the batch, between two events). Where the engine's step is longer, the
+  device waits for the host, and no kernel work shortens the step.
+- **which kernels**: the step captured again with one class of its kernels replaced by an allocation (no launch, no
+  work), each graph's replay against the whole: ``norms`` (``add_rms_norm``: 49 a step), ``swiglu``
+  (``silu_mul``: 24), ``gdn`` (a GDN layer's conv and rows, replay and gated norm: 3 x 18, or with
+  ``decode_gdn="fused"`` 18), ``attention`` (its norm, rope and KV write, and its paged attention: 2 x 6), and
+  ``gemms only`` (all four). What a class's removal saves bounds what fusing it away could: a fusion still does the
+  work, in some other kernel.
+
+A step without a class computes garbage from memory nothing wrote (its logits mean nothing and nothing reads them
+but the argmax); only its time is kept, and each such engine is dropped after its timing. The whole step's graph is
+the engine's own, unchanged. Each time is the median of ``--repeats`` rounds of ``--replays`` replays (or engine
+steps); the engine's step is timed over steps whose batch stays at ``--batches`` (every sequence decoding, none
+finished). Prints a table, writes JSON. CUDA only.
+
+Usage: ``python benchmarks/decode_anatomy.py [--batches 1 32] [--vocab 248320] [--replays 200] [--repeats 5]
+[--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+import types
+
+import torch
+from gpu_engine import VARIANTS, prompts, shape_08b, weight_bytes  # a sibling script: benchmarks/ is on sys.path
+
+import mini_engine.ops.attention.triton as attention_ops
+import mini_engine.ops.gated_delta_rule.triton_decode as gdn_decode
+from mini_engine.engine import Engine, EngineConfig, SamplingParams
+from mini_engine.model import HybridModel, load_pretrained
+from mini_engine.model import decode as decode_module
+from mini_engine.model.builtin import QWEN35_VOCAB, init_weights
+from mini_engine.model.loader import save_pretrained
+
+PROMPT = 64
+
+
+def _empty(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(rows, cols, dtype=dtype, device=device)  # an allocation: no kernel, in a capture too
+
+
+# each class: (where, name, stand-in) triples, the stand-in returning what the step reads of the real kernel's result.
+# "rows" is the decode step's own view of the row kernels (``decode.row_ops``), which the prefill's imports do not
+# see: the prefill keeps its kernels, and only the decode step loses the class.
+CLASSES = {
+    "norms": [("rows", "add_rms_norm", lambda *, x, out_dtype, **_: _empty(*x.shape, out_dtype, x.device))],
+    "swiglu": [("rows", "silu_mul", lambda *, gate_up, out_dtype, **_: _empty(gate_up.shape[0], gate_up.shape[1] // 2,
+                                                                             out_dtype, gate_up.device))],
+    "gdn": [("rows", "conv_gdn_rows", lambda **_: None),
+            (gdn_decode, "pending_replay_decode_triton", lambda **_: None),
+            ("rows", "gated_rms_norm", lambda *, z, rows, out_dtype, **_: _empty(rows, z.shape[1], out_dtype, z.device)),
+            (decode_module, "gdn_step", lambda *, z, out_rows, out_dtype, **_: _empty(out_rows, z.shape[1], out_dtype,
+                                                                                      z.device))],
+    "attention": [("rows", "qk_norm_rope", lambda **_: (None, None, None)),
+                  (attention_ops, "paged_decode_attention",
+                   lambda *, gate, rows, out_dtype, **_: _empty(rows, gate.shape[1] * gate.shape[2], out_dtype,
+                                                                gate.device))],
+}
+CLASSES["gemms only"] = [part for name in ("norms", "swiglu", "gdn", "attention") for part in CLASSES[name]]
+
+
+@contextlib.contextmanager
+def without(name: str | None):
+    """The decode step with class ``name``'s kernels stood in for by allocations while inside (None: the whole).
+    ``pending_replay_decode_triton``, ``paged_decode_attention`` and ``gdn_step`` serve the decode step alone."""
+    row_ops = decode_module.row_ops
+    view = types.SimpleNamespace(**{k: getattr(row_ops, k) for k in dir(row_ops) if not k.startswith("__")})
+    parts = [(view if where == "rows" else where, attribute, stand_in)
+             for where, attribute, stand_in in (CLASSES[name] if name else [])]
+    saved = [(module, attribute, getattr(module, attribute)) for module, attribute, _ in parts]
+    try:
+        decode_module.row_ops = view
+        for module, attribute, stand_in in parts:
+            setattr(module, attribute, stand_in)
+        yield
+    finally:
+        for module, attribute, original in saved:
+            setattr(module, attribute, original)
+        decode_module.row_ops = row_ops
+
+
+def _microseconds(run, calls: int, repeats: int, *, wall: bool) -> tuple[float, float]:
+    """(median, spread) over ``repeats`` rounds of ``calls`` calls of ``run``, per call: between two events on the
+    current stream (a graph's replays, which run there), or with ``wall`` by the host's clock between two device
+    synchronisations (the engine's steps, which run on its own streams)."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        started = time.perf_counter()
+        start.record()
+        for _ in range(calls):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1e6 / calls if wall else start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times), max(times) / min(times) - 1
+
+
+def measure(model: HybridModel, batch: int, name: str | None, args) -> dict:
+    """One engine of the defaults in bfloat16, decoding ``batch`` sequences with class ``name`` left out (None: the
+    whole step): its graph replayed alone, and the engine's own steps."""
+    steps = (args.repeats + 1) * args.replays + 8  # the timed steps, and a margin: no sequence finishes inside them
+    config = EngineConfig(device="cuda", overlap=True, max_running=batch, num_slots=3 * batch + 8,
+                          num_pages=batch * (-(-(PROMPT + steps + 16) // 16)) + 64, max_context=PROMPT + steps + 64,
+                          threads=None, **VARIANTS["graphs-bf16-default"])
+    with without(name):
+        engine = Engine(config, model=model)
+        ids = [engine.submit(p, SamplingParams(max_tokens=steps + 8)) for p in prompts(batch, PROMPT)]
+        graphs = engine.runner.graphs
+        while batch not in graphs.sizes() or min(engine.poll(r)[0] for r in ids) < 4:
+            engine.step()
+        graph = graphs._graphs[batch][0]
+        replay = _microseconds(graph.replay, args.replays, args.repeats, wall=False)
+        engine.step()  # the pools and graph as the engine left them, whatever the replays wrote
+        stepped = _microseconds(engine.step, args.replays, args.repeats, wall=True)
+        assert min(engine.poll(r)[0] for r in ids) < steps + 8, "a sequence finished inside the timed steps"
+    del engine, graphs, graph
+    torch.cuda.empty_cache()
+    return {"batch": batch, "without": name, "replay_us": replay[0], "replay_spread": replay[1],
+            "engine_step_us": stepped[0], "engine_step_spread": stepped[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--vocab", type=int, default=QWEN35_VOCAB, help="the model's vocabulary (gpu_engine.py)")
+    parser.add_argument("--replays", type=int, default=200, help="graph replays (or engine steps) a round")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds; their median is reported")
+    parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
+    parser.add_argument("--out", default="benchmarks/decode_anatomy.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("decode_anatomy.py: needs a CUDA device (the step's CUDA graph is what it times)")
+    config = shape_08b(args.vocab)
+    with tempfile.TemporaryDirectory() as folder:
+        save_pretrained(init_weights(HybridModel(config)), folder)
+        model = load_pretrained(folder).cuda().cast_projections(torch.bfloat16)
+    rows = []
+    for batch in args.batches:
+        for name in (None, *CLASSES):
+            started = time.perf_counter()
+            rows.append(measure(model, batch, name, args))
+            print(f"  batch {batch}, {'whole' if name is None else 'without ' + name}: "
+                  f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
+    device = torch.cuda.get_device_name()
+    roofline_us = weight_bytes(model) / args.bandwidth * 1e6
+    print(f"{device}; {config.name}, vocabulary {config.vocab_size}, bfloat16, the engine's defaults; us a step, "
+          f"median of {args.repeats} x {args.replays}; the weights at {args.bandwidth / 1e12:.2f} TB/s: "
+          f"{roofline_us:.0f} us")
+    print(f"{'batch':>5}  {'step':<22}{'graph replay':>13}{'spread':>8}{'vs whole':>9}{'engine step':>12}{'spread':>8}"
+          f"{'host share':>11}")
+    for r in rows:
+        whole = next(w for w in rows if w["batch"] == r["batch"] and w["without"] is None)
+        r["saved_share"] = 1 - r["replay_us"] / whole["replay_us"]
+        r["host_share"] = 1 - r["replay_us"] / r["engine_step_us"]  # of the engine's step, the device idle at most
+        label = "whole" if r["without"] is None else f"without {r['without']}"
+        print(f"{r['batch']:>5}  {label:<22}{r['replay_us']:>13.1f}{r['replay_spread']:>8.1%}"
+              f"{-r['saved_share']:>+9.1%}{r['engine_step_us']:>12.1f}{r['engine_step_spread']:>8.1%}"
+              f"{r['host_share']:>11.1%}")
+    with open(args.out, "w") as f:
+        json.dump({"device": device, "model": config.name, "vocab": config.vocab_size, "bandwidth": args.bandwidth,
+                   "roofline_us": roofline_us, "replays": args.replays, "repeats": args.repeats, "rows": rows}, f,
+                  indent=2)
+
+
+if __name__ == "__main__":
+    main()
