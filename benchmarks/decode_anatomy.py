@@ -9,7 +9,8 @@ the engine's defaults in bfloat16):
 - **host or device**: the engine's decode step (``Engine.step``: scheduling, the step's upload and page-table copy,
   the graph's launch, its results' read-back) against the same step's CUDA graph replayed back to back on the
   device alone (``DecodeGraphs``' graph for the batch, between two events). Where the engine's step is longer, the
-  device waits for the host, and no kernel work shortens the step.
+  device waits for the host (or for the engine's work outside the graph), and no kernel work shortens the step.
+  ``--host-profile`` adds cProfile's table of the whole step's engine steps: where the host's time goes.
 - **which kernels**: the step captured again with one class of its kernels replaced by an allocation (no launch, no
   work), each graph's replay against the whole: ``norms`` (``add_rms_norm``: 49 a step), ``swiglu``
   (``silu_mul``: 24), ``gdn`` (a GDN layer's conv and rows, replay and gated norm: 3 x 18, or with
@@ -19,19 +20,23 @@ the engine's defaults in bfloat16):
 
 A step without a class computes garbage from memory nothing wrote (its logits mean nothing and nothing reads them
 but the argmax); only its time is kept, and each such engine is dropped after its timing. The whole step's graph is
-the engine's own, unchanged. Each time is the median of ``--repeats`` rounds of ``--replays`` replays (or engine
-steps); the engine's step is timed over steps whose batch stays at ``--batches`` (every sequence decoding, none
-finished). Prints a table, writes JSON. CUDA only.
+the engine's own, unchanged. Each engine runs ``--repeats`` rounds, each ``--replays`` replays of its graph and then
+as many engine steps; a replay runs the last step's inputs again, so a round's replays and steps see the same
+contexts to within its tokens (attention's time grows with the context: timed apart, the two would not compare). Each
+time is the median of the rounds, next to their spread; every sequence decodes through the rounds (none finishes).
+Prints a table, writes JSON. CUDA only.
 
-Usage: ``python benchmarks/decode_anatomy.py [--batches 1 32] [--vocab 248320] [--replays 200] [--repeats 5]
-[--out FILE]``.
+Usage: ``python benchmarks/decode_anatomy.py [--batches 1 32] [--vocab 248320] [--replays 100] [--repeats 5]
+[--classes whole norms ...] [--host-profile FILE] [--out FILE]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import tempfile
@@ -96,27 +101,31 @@ def without(name: str | None):
         decode_module.row_ops = row_ops
 
 
-def _microseconds(run, calls: int, repeats: int, *, wall: bool) -> tuple[float, float]:
-    """(median, spread) over ``repeats`` rounds of ``calls`` calls of ``run``, per call: between two events on the
-    current stream (a graph's replays, which run there), or with ``wall`` by the host's clock between two device
-    synchronisations (the engine's steps, which run on its own streams)."""
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        started = time.perf_counter()
-        start.record()
-        for _ in range(calls):
-            run()
-        end.record()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - started) * 1e6 / calls if wall else start.elapsed_time(end) * 1e3 / calls)
+def _microseconds(run, calls: int, *, wall: bool) -> float:
+    """Microseconds a call of ``run`` over ``calls`` calls: between two events on the current stream (a graph's
+    replays, which run there), or with ``wall`` by the host's clock between two device synchronisations (the
+    engine's steps, which run on its own streams)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    started = time.perf_counter()
+    start.record()
+    for _ in range(calls):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1e6 / calls if wall else start.elapsed_time(end) * 1e3 / calls
+
+
+def _summary(times: list[float]) -> tuple[float, float]:
     return statistics.median(times), max(times) / min(times) - 1
 
 
 def measure(model: HybridModel, batch: int, name: str | None, args) -> dict:
     """One engine of the defaults in bfloat16, decoding ``batch`` sequences with class ``name`` left out (None: the
-    whole step): its graph replayed alone, and the engine's own steps."""
+    whole step): rounds of its graph replayed alone, then as many of the engine's own steps. A replay runs the last
+    step's inputs again (the graph's static buffers), so each round's replays see the contexts its steps see, to
+    within a round's tokens: attention's time grows with the context, and the two are compared at the same.
+    With ``args.host_profile`` and the whole step, one more round of steps under cProfile (its table appended)."""
     steps = (args.repeats + 1) * args.replays + 8  # the timed steps, and a margin: no sequence finishes inside them
     config = EngineConfig(device="cuda", overlap=True, max_running=batch, num_slots=3 * batch + 8,
                           num_pages=batch * (-(-(PROMPT + steps + 16) // 16)) + 64, max_context=PROMPT + steps + 64,
@@ -128,23 +137,39 @@ def measure(model: HybridModel, batch: int, name: str | None, args) -> dict:
         while batch not in graphs.sizes() or min(engine.poll(r)[0] for r in ids) < 4:
             engine.step()
         graph = graphs._graphs[batch][0]
-        replay = _microseconds(graph.replay, args.replays, args.repeats, wall=False)
-        engine.step()  # the pools and graph as the engine left them, whatever the replays wrote
-        stepped = _microseconds(engine.step, args.replays, args.repeats, wall=True)
-        assert min(engine.poll(r)[0] for r in ids) < steps + 8, "a sequence finished inside the timed steps"
+        first = min(engine.poll(r)[0] for r in ids)
+        replays, stepped = [], []
+        for _ in range(args.repeats):
+            replays.append(_microseconds(graph.replay, args.replays, wall=False))
+            engine.step()  # untimed: the timed steps start from a step of the engine's own, not from the replays
+            stepped.append(_microseconds(engine.step, args.replays, wall=True))
+        if args.host_profile and name is None:
+            profiler = cProfile.Profile()
+            profiler.runcall(_microseconds, engine.step, args.replays, wall=True)
+            with open(args.host_profile, "a") as f:
+                f.write(f"\n== batch {batch}: {args.replays} engine steps under cProfile, by own time ==\n")
+                pstats.Stats(profiler, stream=f).sort_stats("tottime").print_stats(30)
+        last = min(engine.poll(r)[0] for r in ids)
+        assert last < steps + 8, "a sequence finished inside the timed steps"
     del engine, graphs, graph
     torch.cuda.empty_cache()
-    return {"batch": batch, "without": name, "replay_us": replay[0], "replay_spread": replay[1],
-            "engine_step_us": stepped[0], "engine_step_spread": stepped[1]}
+    (replay, replay_spread), (step, step_spread) = _summary(replays), _summary(stepped)
+    return {"batch": batch, "without": name, "replay_us": replay, "replay_spread": replay_spread,
+            "engine_step_us": step, "engine_step_spread": step_spread, "context": [PROMPT + first, PROMPT + last],
+            "replay_rounds_us": replays, "engine_rounds_us": stepped}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--vocab", type=int, default=QWEN35_VOCAB, help="the model's vocabulary (gpu_engine.py)")
-    parser.add_argument("--replays", type=int, default=200, help="graph replays (or engine steps) a round")
+    parser.add_argument("--replays", type=int, default=100, help="graph replays, then as many engine steps, a round")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; their median is reported")
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
+    parser.add_argument("--classes", nargs="+", default=["whole", *CLASSES], choices=["whole", *CLASSES],
+                        help="the steps measured: the whole, and without which classes")
+    parser.add_argument("--host-profile", default=None, metavar="FILE",
+                        help="append cProfile's table of a round of the whole step's engine steps, per batch, here")
     parser.add_argument("--out", default="benchmarks/decode_anatomy.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -155,7 +180,7 @@ def main() -> None:
         model = load_pretrained(folder).cuda().cast_projections(torch.bfloat16)
     rows = []
     for batch in args.batches:
-        for name in (None, *CLASSES):
+        for name in (None if c == "whole" else c for c in args.classes):
             started = time.perf_counter()
             rows.append(measure(model, batch, name, args))
             print(f"  batch {batch}, {'whole' if name is None else 'without ' + name}: "
@@ -166,15 +191,17 @@ def main() -> None:
           f"median of {args.repeats} x {args.replays}; the weights at {args.bandwidth / 1e12:.2f} TB/s: "
           f"{roofline_us:.0f} us")
     print(f"{'batch':>5}  {'step':<22}{'graph replay':>13}{'spread':>8}{'vs whole':>9}{'engine step':>12}{'spread':>8}"
-          f"{'host share':>11}")
+          f"{'outside graph':>14}{'context':>11}")
     for r in rows:
-        whole = next(w for w in rows if w["batch"] == r["batch"] and w["without"] is None)
-        r["saved_share"] = 1 - r["replay_us"] / whole["replay_us"]
-        r["host_share"] = 1 - r["replay_us"] / r["engine_step_us"]  # of the engine's step, the device idle at most
+        whole = next((w for w in rows if w["batch"] == r["batch"] and w["without"] is None), None)
+        r["saved_share"] = None if whole is None else 1 - r["replay_us"] / whole["replay_us"]
+        # of the engine's step, what its graph's replay does not account for: the device waiting for the host, or the
+        # engine's own device work outside the graph (its upload and table copy, the results' read-back)
+        r["outside_graph_share"] = 1 - r["replay_us"] / r["engine_step_us"]
         label = "whole" if r["without"] is None else f"without {r['without']}"
         print(f"{r['batch']:>5}  {label:<22}{r['replay_us']:>13.1f}{r['replay_spread']:>8.1%}"
-              f"{-r['saved_share']:>+9.1%}{r['engine_step_us']:>12.1f}{r['engine_step_spread']:>8.1%}"
-              f"{r['host_share']:>11.1%}")
+              f"{'-' if whole is None else format(-r['saved_share'], '+.1%'):>9}{r['engine_step_us']:>12.1f}{r['engine_step_spread']:>8.1%}"
+              f"{r['outside_graph_share']:>14.1%}{'{}-{}'.format(*r['context']):>11}")
     with open(args.out, "w") as f:
         json.dump({"device": device, "model": config.name, "vocab": config.vocab_size, "bandwidth": args.bandwidth,
                    "roofline_us": roofline_us, "replays": args.replays, "repeats": args.repeats, "rows": rows}, f,

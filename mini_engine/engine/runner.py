@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from mini_engine.constants import SNAPSHOT_ALIGN
@@ -162,11 +163,13 @@ class ModelRunner:
         return self._early[-1]
 
     def _decode_table(self, items: list[BatchItem]) -> torch.Tensor:
-        """Row r: the page table of the r-th decode item (zero-padded); prefill rows stay zero."""
-        table = torch.zeros(self.metadata.table_shape, dtype=torch.int32)
+        """Row r: the page table of the r-th decode item (zero-padded); prefill rows stay zero. Filled in numpy: a
+        tensor and a torch slice assignment a row were the largest part of a batch-32 step's host time (an H100
+        host under cProfile, session 31; 167 us a step against numpy's 22 on the development VM)."""
+        table = np.zeros(self.metadata.table_shape, dtype=np.int32)
         for row, it in enumerate(i for i in items if i.tokens is None):
-            table[row, : len(it.pages)] = torch.tensor(it.pages, dtype=torch.int32)
-        return table
+            table[row, : len(it.pages)] = it.pages
+        return torch.from_numpy(table)
 
     def _forward(self, batch: Batch, shards: tuple[torch.Tensor, ...]) -> None:
         items = batch.items
