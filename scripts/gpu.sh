@@ -2,7 +2,7 @@
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
 #   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |
-#                                           decode | prefill | kernels
+#                                           decode | anatomy | prefill | kernels
 #
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: on a GPU the package's gemm table does not name, tune first (the runs after use the
@@ -62,6 +62,10 @@
 #              1.6 GB roofline) in bfloat16 against transformers on the same weights, cuBLAS with plain launches against
 #              the defaults (the tuned table's gemms, dependent launches on Hopper), then a batch-1 profile and timeline
 #              (gzipped) of each
+#   anatomy    benchmarks/decode_anatomy.py: where a graphed decode step's time goes (its graph replayed alone against
+#              the engine's step; the step without its norms, SwiGLUs, GDN layers, attention, or all four), batch 1
+#              and 32, with cProfile's table of the engine's host (session 31 on an H100: the gemms alone 66 % of the
+#              batch-1 step, every other kernel class 34 %, 2 % outside the graph)
 #   prefill    benchmarks/gpu_prefill.py (the engine's prefill and the model forward: the Triton kernels,
 #              the Triton sequence ops with the tiled reference gemm, the references; a profile) and
 #              benchmarks/triton_compiles.py (kernel variants compiled per new workload: none after the first)
@@ -74,12 +78,12 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|prefill|kernels) ;;
+    priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels) ;;
     *) echo "gpu.sh: unknown part '$part' (priority | second | ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
-            "decode | prefill | kernels)" >&2
+            "decode | anatomy | prefill | kernels)" >&2
        exit 2 ;;
 esac
 mkdir -p "$out"
@@ -200,6 +204,9 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             --hf-dtype --batches 1 --repeats 1 --long 16 --profile "$out/gpu_engine_profile.txt" --trace \
             --profile-batch 1 --out "$out/gpu_engine_b1.json"
         gzip -f "$out"/*.trace.json ;;
+    anatomy)
+        step 300 decode_anatomy python3 benchmarks/decode_anatomy.py --batches 1 32 --host-profile "$out/host_profile.txt" \
+            --out "$out/decode_anatomy.json" ;;
     prefill)
         step 300 gpu_prefill python3 benchmarks/gpu_prefill.py --chunks 512 --repeats 2 \
             --profile "$out/gpu_prefill_profile.txt" --out "$out/gpu_prefill.json"
