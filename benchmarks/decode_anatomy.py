@@ -2,7 +2,7 @@
 
 The engine's batch-1 decode on the issue's model is short of 40 % of the H200's weight-bandwidth roofline (34.5 %,
 session 29), and fusing kernels to cut the step's ~240 launches has twice cost more than the launch it saved (the
-SwiGLU in the down projection's tiles, the one-launch GDN layer: RESULTS.md, twelfth and seventh passes). Before
+SwiGLU in the down projection's tiles, the one-launch GDN layer: RESULTS.md, ninth and twelfth passes). Before
 another fusion, this measures what one could win at most, on the engine's own step (``gpu_engine.py``'s model,
 the engine's defaults in bfloat16):
 
@@ -14,7 +14,7 @@ the engine's defaults in bfloat16):
 - **which kernels**: the step captured again with one class of its kernels replaced by an allocation (no launch, no
   work), each graph's replay against the whole: ``norms`` (``add_rms_norm``: 49 a step), ``swiglu``
   (``silu_mul``: 24), ``gdn`` (a GDN layer's conv and rows, replay and gated norm: 3 x 18, or with
-  ``decode_gdn="fused"`` 18), ``attention`` (its norm, rope and KV write, and its paged attention: 2 x 6), and
+  ``decode_gdn="fused"`` 18), ``attention`` (its norm, rope and KV write, its paged decode and the splits' merge: 3 x 6), and
   ``gemms only`` (all four). What a class's removal saves bounds what fusing it away could: a fusion still does the
   work, in some other kernel.
 
