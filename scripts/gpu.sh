@@ -17,7 +17,7 @@
 #              cuBLAS (batch 1 and 32, the roofline; no transformers run: `--hf-dtype` with no dtype; `decode` has it)
 #   ab         the ledger's cost in this tree against each earlier tree under ab/ (scripts/ab_tree.sh REV exports one;
 #              the call carries ab/): engine_throughput.py's base and ledger modes, trees alternating in separate
-#              processes (two alternations of 6 rounds each), then ledger_host_time.py of each tree; their logs and
+#              processes (two alternations of 6 rounds each, the second in reverse order: ABBA), then ledger_host_time.py of each tree; their logs and
 #              JSON in OUT_DIR/ab.tgz (a device call brings back 8 files at most)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
@@ -134,8 +134,14 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             step "$seconds" "$name" python3 "$@"
             cd "$root" && export PYTHONPATH="$root"
         }
+        # the second round runs the trees in reverse (ABBA): an H100 host has alternated fast and slow processes, 1.5-1.7x
+        # apart (session 31), and a fixed order would give each tree the same processes' speed every round
+        reversed=()
+        for ((i = ${#trees[@]} - 1; i >= 0; i--)); do reversed+=("${trees[i]}"); done
         for round in 1 2; do
-            for tree in "${trees[@]}"; do
+            order=("${trees[@]}")
+            [ "$round" = 2 ] && order=("${reversed[@]}")
+            for tree in "${order[@]}"; do
                 name=$([ "$tree" = . ] && echo this || basename "$tree")
                 ab_step 100 "$tree" "ab_${name}_$round" benchmarks/engine_throughput.py --device cuda --shape 0.8b \
                     --dtype bfloat16 --max-tokens 64 --repeats 6 --modes "copy, overlap" "copy, overlap, ledger" \
