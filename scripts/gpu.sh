@@ -17,8 +17,9 @@
 #              cuBLAS (batch 1 and 32, the roofline; no transformers run: `--hf-dtype` with no dtype; `decode` has it)
 #   ab         the ledger's cost in this tree against each earlier tree under ab/ (scripts/ab_tree.sh REV exports one;
 #              the call carries ab/): engine_throughput.py's base and ledger modes, trees alternating in separate
-#              processes (two alternations of 6 rounds each, the second in reverse order: ABBA), then ledger_host_time.py of each tree; their logs and
-#              JSON in OUT_DIR/ab.tgz (a device call brings back 8 files at most)
+#              processes (two alternations of 6 rounds each, the second in reverse order: ABBA), then
+#              ledger_host_time.py of each tree; their logs and JSON in OUT_DIR/ab.tgz (a device call brings back 8
+#              files at most)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
