@@ -7,10 +7,11 @@ microseconds each: at batch 32 the largest part of the step's host time in an H1
 ``results/decode_anatomy_host_profile_h100_pass28.txt``). It now fills a numpy array and wraps it. Both are timed
 here side by side in one process on items of ``--context`` tokens (16-token pages) in a table as wide as
 ``--max-context`` allows, median of ``--repeats`` rounds of ``--calls`` calls; each checks the other's table first.
-Prints a table, writes JSON. Host only: no device.
+Then both inside a decoding engine's own steps (``--engine-batch``; the sim device), where the model's work between
+steps leaves the fill colder caches. Prints a table, writes JSON. Host only: no device.
 
 Usage: ``python benchmarks/decode_table.py [--batches 1 8 32 64] [--context 600] [--max-context 4096]
-[--out FILE]``.
+[--engine-batch 32] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,42 @@ def microseconds(fill, calls: int, repeats: int) -> tuple[float, float]:
     return statistics.median(times), max(times) / min(times) - 1
 
 
+def in_engine(batch: int, rounds: int, steps: int) -> dict:
+    """Both fills inside a decoding engine's steps (the sim device, tiny-random, ``batch`` sequences of 64-token
+    prompts): the runner's fill swapped for each in turn, ``steps`` steps a round, ``rounds`` rounds each, alternating;
+    us a call, median of the rounds. Between fills the host runs the sim's model on the same core, so the fills meet
+    colder caches than in the loop above: what a step pays."""
+    from gpu_engine import prompts  # a sibling script: benchmarks/ is on sys.path
+
+    from mini_engine.engine import Engine, EngineConfig, SamplingParams
+
+    engine = Engine(EngineConfig(device="sim", model="tiny-random", max_running=batch, num_slots=3 * batch + 8,
+                                 num_pages=batch * 48 + 64, max_context=64 + 2 * rounds * steps + 96, overlap=True))
+    ids = [engine.submit(p, SamplingParams(max_tokens=2 * rounds * steps + 16)) for p in prompts(batch, 64)]
+    while min(engine.poll(r)[0] for r in ids) < 4:
+        engine.step()
+    runner, ours = engine.runner, engine.runner._decode_table
+    fills = {"numpy_us": ours, "torch_us": lambda items: torch_fill(runner.metadata.table_shape, items)}
+    times: dict[str, list[float]] = {name: [] for name in fills}
+    for _ in range(rounds):
+        for name, fill in fills.items():
+            spent = []
+
+            def timed(items, fill=fill, spent=spent):
+                started = time.perf_counter()
+                table = fill(items)
+                spent.append(time.perf_counter() - started)
+                return table
+
+            runner._decode_table = timed
+            for _ in range(steps):
+                engine.step()
+            times[name].append(statistics.median(spent) * 1e6)
+    runner._decode_table = ours
+    out = {name: statistics.median(values) for name, values in times.items()}
+    return {"batch": batch, **out, "speedup": out["torch_us"] / out["numpy_us"], "rounds": times}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
@@ -55,6 +92,7 @@ def main() -> None:
     parser.add_argument("--max-context", type=int, default=4096, help="the engine's max_context: the table's width")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--engine-batch", type=int, default=32, help="the in-engine comparison's batch (0: none)")
     parser.add_argument("--out", default="benchmarks/decode_table.json")
     args = parser.parse_args()
     rnd = random.Random(0)
@@ -78,9 +116,13 @@ def main() -> None:
     for r in rows:
         print(f"{r['batch']:>5}{r['numpy_us']:>13.1f}{r['numpy_spread']:>8.1%}{r['torch_us']:>16.1f}"
               f"{r['torch_spread']:>8.1%}{r['speedup']:>13.1f}x")
+    engine = in_engine(args.engine_batch, rounds=3, steps=10) if args.engine_batch else None
+    if engine:
+        print(f"inside an engine's steps (sim, tiny-random, batch {engine['batch']}): numpy {engine['numpy_us']:.1f} "
+              f"us, torch {engine['torch_us']:.1f} us a step, {engine['speedup']:.1f}x")
     with open(args.out, "w") as f:
         json.dump({"context": args.context, "max_context": args.max_context, "calls": args.calls,
-                   "repeats": args.repeats, "rows": rows}, f, indent=2)
+                   "repeats": args.repeats, "rows": rows, "in_engine": engine}, f, indent=2)
 
 
 if __name__ == "__main__":
