@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |
-#                                           decode | anatomy | prefill | kernels
+#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | attention | attention-ab | tune | retune | gemms |
+#                                           diagnose | regressions | tests | exactness | faults | engine | decode | anatomy |
+#                                           prefill | kernels
 #
 #   priority   when one call may be all a session gets (session 12: an hour of failed starts), the open goals' runs
 #              in 10 minutes: on a GPU the package's gemm table does not name, tune first (the runs after use the
@@ -20,6 +21,14 @@
 #              processes (two alternations of 6 rounds each, the second in reverse order: ABBA), then
 #              ledger_host_time.py of each tree; their logs and JSON in OUT_DIR/ab.tgz (a device call brings back 8
 #              files at most)
+#   attention  the decode attention's kernel: its GPU tests, benchmarks/decode_attention.py's tiles and splits in this
+#              tree, then each tree's under ab/ (its default alone, in the same situations: this tree's script with that
+#              tree's package)
+#   attention-ab  the engine with this tree's decode attention against each tree's under ab/, trees alternating in
+#              separate processes, ABBA: benchmarks/decode_anatomy.py's batch-1 step (whole, and without attention) at
+#              the anatomy's contexts (68-573 tokens), then benchmarks/gpu_engine.py's batch 1 (the roofline, at 64-104
+#              tokens); then the cold-vs-hit divergence of this tree (hit_divergence.py, 0.8B shape, bfloat16);
+#              the logs and JSON in OUT_DIR/attention_ab.tgz
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -79,11 +88,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|attention|attention-ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|ab|attention|attention-ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | attention | attention-ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | anatomy | prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -99,6 +108,24 @@ step() {  # step SECONDS NAME COMMAND...: run, log to OUT_DIR/NAME.log, remember
     timeout "$seconds" "$@" 2>&1 | tee "$out/$name.log" | tail -20
     local code=${PIPESTATUS[0]}
     [ "$code" -eq 0 ] || { echo "gpu.sh: $name exited $code"; status=1; }
+}
+
+# the A/B parts: this tree (.) and each earlier one exported under ab/ (scripts/ab_tree.sh REV; carry ab)
+trees=(. ab/*/)
+need_trees() {
+    [ -d "${trees[1]}" ] || { echo "gpu.sh $part: no tree under ab/ (scripts/ab_tree.sh REV, and carry ab)" >&2; exit 2; }
+}
+tree_name() { if [ "$1" = . ]; then echo this; else basename "$1"; fi; }
+round_order() {  # round_order ROUND: the trees, reversed in even rounds (ABBA): an H100 host has alternated fast and
+    # slow processes, 1.5-1.7x apart (session 31), and a fixed order gives each tree the same processes' speed
+    if [ $(($1 % 2)) = 1 ]; then printf '%s\n' "${trees[@]}"; else printf '%s\n' "${trees[@]}" | tac; fi
+}
+ab_step() {  # ab_step SECONDS TREE NAME SCRIPT ARGS...: a benchmark of TREE's, its own package on the path
+    local seconds=$1 tree=$2 name=$3
+    shift 3
+    cd "$tree" && export PYTHONPATH="$PWD"
+    step "$seconds" "$name" python3 "$@"
+    cd "$root" && export PYTHONPATH="$root"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
@@ -126,36 +153,50 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         step 150 gpu_engine_default python3 benchmarks/gpu_engine.py --variants graphs-bf16 graphs-bf16-default \
             --hf-dtype --vocab 248320 --repeats 2 --out "$out/gpu_engine_default.json" ;;
     ab)
-        trees=(. ab/*/)
-        [ -d "${trees[1]}" ] || { echo "gpu.sh ab: no tree under ab/ (scripts/ab_tree.sh REV, and carry ab)" >&2; exit 2; }
-        ab_step() {  # ab_step SECONDS TREE NAME SCRIPT ARGS...: a benchmark of TREE's, its own package on the path
-            local seconds=$1 tree=$2 name=$3
-            shift 3
-            cd "$tree" && export PYTHONPATH="$PWD"
-            step "$seconds" "$name" python3 "$@"
-            cd "$root" && export PYTHONPATH="$root"
-        }
-        # the second round runs the trees in reverse (ABBA): an H100 host has alternated fast and slow processes, 1.5-1.7x
-        # apart (session 31), and a fixed order would give each tree the same processes' speed every round
-        reversed=()
-        for ((i = ${#trees[@]} - 1; i >= 0; i--)); do reversed+=("${trees[i]}"); done
+        need_trees
         for round in 1 2; do
-            order=("${trees[@]}")
-            [ "$round" = 2 ] && order=("${reversed[@]}")
-            for tree in "${order[@]}"; do
-                name=$([ "$tree" = . ] && echo this || basename "$tree")
+            for tree in $(round_order "$round"); do
+                name=$(tree_name "$tree")
                 ab_step 100 "$tree" "ab_${name}_$round" benchmarks/engine_throughput.py --device cuda --shape 0.8b \
                     --dtype bfloat16 --max-tokens 64 --repeats 6 --modes "copy, overlap" "copy, overlap, ledger" \
                     --out "$out/ab_${name}_$round.json"
             done
         done
         for tree in "${trees[@]}"; do
-            name=$([ "$tree" = . ] && echo this || basename "$tree")
+            name=$(tree_name "$tree")
             ab_step 90 "$tree" "ab_host_$name" benchmarks/ledger_host_time.py --device cuda --shape 0.8b \
                 --dtype bfloat16 --max-tokens 64 --repeats 2 --out "$out/ab_host_$name.json"
         done
         # a log and a JSON a step, 10 or more: the device tool brings back 8 files at most, so one archive of them
         (cd "$out" && tar czf ab.tgz ab_*.log ab_*.json && rm -f ab_*.log ab_*.json) ;;
+    attention)
+        need_trees
+        step 150 attention_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k paged_decode
+        step 240 decode_attention python3 benchmarks/decode_attention.py --out "$out/decode_attention.json"
+        for tree in "${trees[@]:1}"; do  # this tree's script, that tree's package
+            name=$(tree_name "$tree")
+            PYTHONPATH="$root/$tree" step 60 "decode_attention_$name" python3 benchmarks/decode_attention.py \
+                --default-only --out "$out/decode_attention_$name.json"
+        done ;;
+    attention-ab)
+        need_trees
+        for round in 1 2; do
+            for tree in $(round_order "$round"); do
+                name=$(tree_name "$tree")
+                ab_step 100 "$tree" "anatomy_${name}_$round" benchmarks/decode_anatomy.py --batches 1 \
+                    --classes whole attention --repeats 3 --out "$out/anatomy_${name}_$round.json"
+            done
+        done
+        for round in 1 2; do
+            for tree in $(round_order "$round"); do
+                name=$(tree_name "$tree")
+                ab_step 80 "$tree" "gpu_engine_${name}_$round" benchmarks/gpu_engine.py --variants graphs-bf16-default \
+                    --hf-dtype --vocab 248320 --batches 1 --repeats 2 --out "$out/gpu_engine_${name}_$round.json"
+            done
+        done
+        step 100 divergence python3 benchmarks/hit_divergence.py --device cuda --models qwen3.5-0.8b-shaped-random \
+            --dtypes bfloat16 --requests 32 --max-tokens 12 --explain --out "$out/hit_divergence_cuda.json"
+        (cd "$out" && tar czf attention_ab.tgz anatomy_* gpu_engine_* && rm -f anatomy_* gpu_engine_*) ;;
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;

@@ -7,6 +7,7 @@ fp32 tiles multiply as 3xTF32 (mini_engine.ops.precision: float32's accuracy on 
 import pytest
 import torch
 
+from mini_engine.ops.attention.triton import DecodeTile
 from tests.unit.kernel_support import (
     check_conv_prefill,
     check_conv_steps_equal_prefill,
@@ -56,13 +57,21 @@ def test_paged_prefill(dtype, shape):
                         prefix_lens=[0, 5, 1, 64, 7, 1500], hq=8, hkv=2, **shape)
 
 
-@pytest.mark.parametrize("keys_per_split", [None, 256])
+@pytest.mark.parametrize("keys_per_split", [None, 64, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", PAGED, ids=lambda s: f"page{s['page_size']}-d{s['head_dim']}")
 def test_paged_decode(dtype, shape, keys_per_split):
     """Decode through the page table, whole or split over the keys, up to 4097 keys."""
     check_paged_decode(dtype=dtype, device="cuda", keys_per_split=keys_per_split,
                        seq_lens=[1, 4, 64, 65, 137, 1000, 4097], hq=8, hkv=2, **shape)
+
+
+@pytest.mark.parametrize("tile", [DecodeTile(16, 4, 1), DecodeTile(64, 4, 2), DecodeTile(64, 8, 2)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_decode_in_every_tile(dtype, tile):
+    """The decode kernel's other tiles (``decode_attention.py`` times them) at the 0.8B model's heads."""
+    check_paged_decode(dtype=dtype, device="cuda", keys_per_split=64, tile=tile,
+                       seq_lens=[1, 65, 137, 1000, 4097], hq=8, hkv=2, page_size=16, head_dim=256)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bfloat16], ids=str)

@@ -13,7 +13,12 @@ from mini_engine.model.state import state_bytes
 from mini_engine.ops import causal_conv1d as reference_conv
 from mini_engine.ops import causal_conv1d_update as reference_conv_update
 from mini_engine.ops.attention import attention_with_prefix, gather_pages
-from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefill_attention, write_kv_pages
+from mini_engine.ops.attention.triton import (
+    DECODE_TILE,
+    paged_decode_attention,
+    paged_prefill_attention,
+    write_kv_pages,
+)
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from mini_engine.ops.checksum import slot_checksum
 from mini_engine.ops.checksum.memo import StateMemo
@@ -178,17 +183,17 @@ def check_paged_prefill(*, dtype, device, **shape) -> float:
     return _assert_close(out, want, dtype, "paged prefill attention")
 
 
-def check_paged_decode(*, dtype, device, keys_per_split, **shape) -> float:
-    """Decode (one query per sequence at its last position) vs attention_with_prefix."""
+def check_paged_decode(*, dtype, device, keys_per_split, tile=DECODE_TILE, **shape) -> float:
+    """Decode (one query per sequence at its last position, in ``tile``) vs attention_with_prefix."""
     lens = shape.pop("seq_lens")
     case = paged_case(dtype=dtype, device=device, q_lens=[1] * len(lens), prefix_lens=[n - 1 for n in lens], **shape)
     write_kv_pages(k_cache=case.k_cache, v_cache=case.v_cache, k=case.new_k, v=case.new_v,
                    slot_mapping=case.slot_mapping)
     out = paged_decode_attention(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, page_table=case.page_table,
-                                 seq_lens=case.seq_lens, keys_per_split=keys_per_split)
+                                 seq_lens=case.seq_lens, keys_per_split=keys_per_split, tile=tile)
     want = attention_with_prefix(q=case.q, k=case.k, v=case.v, cu_seqlens_q=case.cu_seqlens_q,
                                  cu_seqlens_k=case.cu_seqlens_k)
-    return _assert_close(out, want, dtype, f"paged decode attention (keys_per_split={keys_per_split})")
+    return _assert_close(out, want, dtype, f"paged decode attention (keys_per_split={keys_per_split}, {tile})")
 
 
 def random_pool(*shape, dtype, gen, device="cpu") -> torch.Tensor:

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from mini_engine.ops.attention.triton import paged_decode_attention, paged_prefill_attention, write_kv_pages
+from mini_engine.ops.attention.triton import (
+    DecodeTile,
+    paged_decode_attention,
+    paged_prefill_attention,
+    write_kv_pages,
+)
 from mini_engine.ops.causal_conv1d.triton import causal_conv1d, causal_conv1d_update
 from tests.unit.kernel_support import (
     check_conv_prefill,
@@ -72,6 +77,15 @@ def test_paged_decode_matches_reference(dtype, shape, keys_per_split):
                        hq=6, hkv=2, **shape)
 
 
+@pytest.mark.parametrize("block_k", [16, 64])
+def test_paged_decode_matches_reference_in_every_tile(block_k):
+    """The decode kernel's other key tiles (the default's is above), split and whole, equal the reference."""
+    for keys_per_split in (None, 64):
+        check_paged_decode(dtype=torch.float32, device="cpu", keys_per_split=keys_per_split,
+                           tile=DecodeTile(block_k=block_k), seq_lens=[1, 17, 64, 65, 137], hq=8, hkv=2,
+                           page_size=16, head_dim=32)
+
+
 def _written_case(**kwargs):
     case = paged_case(hq=4, hkv=2, head_dim=16, page_size=16, dtype=torch.float32, **kwargs)
     write_kv_pages(k_cache=case.k_cache, v_cache=case.v_cache, k=case.new_k, v=case.new_v,
@@ -97,13 +111,16 @@ def test_paged_rows_do_not_depend_on_the_batch():
 
 
 def test_paged_attention_rejects_bad_layouts():
-    """A non-int32 page table, or a split size that is not a multiple of 64 keys, is refused by name."""
+    """A non-int32 page table, a split size that is not a multiple of 64 keys, or a key tile that could cross a
+    split's boundary is refused by name."""
     case = _written_case(q_lens=[1], prefix_lens=[4])
     common = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, seq_lens=case.seq_lens)
     with pytest.raises(ValueError, match="page_table must be int32"):
         paged_decode_attention(page_table=case.page_table.long(), **common)
     with pytest.raises(ValueError, match="keys_per_split=100"):
         paged_decode_attention(page_table=case.page_table, keys_per_split=100, **common)
+    with pytest.raises(ValueError, match="tile.block_k=128"):
+        paged_decode_attention(page_table=case.page_table, tile=DecodeTile(block_k=128), **common)
 
 
 @pytest.mark.parametrize("keys_per_split", [None, 64], ids=["whole", "split"])
