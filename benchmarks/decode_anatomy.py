@@ -17,6 +17,12 @@ the engine's defaults in bfloat16):
   ``decode_gdn="fused"`` 18), ``attention`` (its norm, rope and KV write, its paged decode and the splits' merge: 3 x 6), and
   ``gemms only`` (all four). What a class's removal saves bounds what fusing it away could: a fusion still does the
   work, in some other kernel.
+- **which attention launch** (``--attention-tiles 64,8,1/64 ...``): the step captured again with the decode
+  attention's tile (``DecodeTile``: keys a tile, warps, stages) and keys per split replaced, each against the whole
+  (the package's defaults). Its neighbours in the step (the projection's gemm before, the output projection's after,
+  dependent launches all) are part of what it costs, which ``decode_attention.py``'s graph of attention launches
+  alone does not see: on an H200 (session 32) that benchmark's fastest launch of a new kernel was 2.8-6.3x faster
+  than the kernel it replaced, and the engine decoded 14 % slower with it (829 against 963 tok/s at batch 1).
 
 A step without a class computes garbage from memory nothing wrote (its logits mean nothing and nothing reads them
 but the argmax); only its time is kept, and each such engine is dropped after its timing. The whole step's graph is
@@ -27,7 +33,7 @@ time is the median of the rounds, next to their spread; every sequence decodes t
 Prints a table, writes JSON. CUDA only.
 
 Usage: ``python benchmarks/decode_anatomy.py [--batches 1 32] [--vocab 248320] [--replays 100] [--repeats 5]
-[--classes whole norms ...] [--host-profile FILE] [--out FILE]``.
+[--classes whole norms ...] [--attention-tiles K,WARPS,STAGES/SPLIT ...] [--host-profile FILE] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import json
 import pstats
 import statistics
@@ -80,12 +87,29 @@ CLASSES = {
                                                                 gate.device))],
 }
 CLASSES["gemms only"] = [part for name in ("norms", "swiglu", "gdn", "attention") for part in CLASSES[name]]
+TILED = "attention as "  # the prefix of a step whose decode attention runs another tile and split
+
+
+def attention_tile(spec: str) -> str:
+    """``K,WARPS,STAGES/SPLIT`` (``--attention-tiles``) -> a step's name, its stand-in registered in CLASSES: the
+    package's own decode attention with that tile and keys per split."""
+    try:
+        tile, split = spec.split("/")
+        tile = attention_ops.DecodeTile(*(int(x) for x in tile.split(",")))
+        split = int(split)
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not K,WARPS,STAGES/SPLIT (e.g. 64,8,1/64): {error}") from None
+    name = TILED + spec
+    CLASSES[name] = [(attention_ops, "paged_decode_attention",
+                      functools.partial(attention_ops.paged_decode_attention, tile=tile, keys_per_split=split))]
+    return name
 
 
 @contextlib.contextmanager
 def without(name: str | None):
-    """The decode step with class ``name``'s kernels stood in for by allocations while inside (None: the whole).
-    ``pending_replay_decode_triton``, ``paged_decode_attention`` and ``gdn_step`` serve the decode step alone."""
+    """The decode step with class ``name``'s kernels stood in for by allocations (or another attention tile: TILED)
+    while inside (None: the whole). ``pending_replay_decode_triton``, ``paged_decode_attention`` and ``gdn_step``
+    serve the decode step alone."""
     row_ops = decode_module.row_ops
     view = types.SimpleNamespace(**{k: getattr(row_ops, k) for k in dir(row_ops) if not k.startswith("__")})
     parts = [(view if where == "rows" else where, attribute, stand_in)
@@ -169,6 +193,8 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
     parser.add_argument("--classes", nargs="+", default=["whole", *CLASSES], choices=["whole", *CLASSES],
                         help="the steps measured: the whole, and without which classes")
+    parser.add_argument("--attention-tiles", nargs="+", default=[], type=attention_tile, metavar="K,WARPS,STAGES/SPLIT",
+                        help="also steps whose decode attention runs this tile and keys per split")
     parser.add_argument("--host-profile", default=None, metavar="FILE",
                         help="append cProfile's table of a round of the whole step's engine steps, per batch, here")
     parser.add_argument("--out", default="benchmarks/decode_anatomy.json")
@@ -181,7 +207,7 @@ def main() -> None:
         model = load_pretrained(folder).cuda().cast_projections(torch.bfloat16)
     rows = []
     for batch in args.batches:
-        for name in (None if c == "whole" else c for c in args.classes):
+        for name in [None if c == "whole" else c for c in args.classes] + args.attention_tiles:
             started = time.perf_counter()
             rows.append(measure(model, batch, name, args))
             print(f"  batch {batch}, {name or 'whole'}: "
@@ -199,7 +225,8 @@ def main() -> None:
         # of the engine's step, what its graph's replay does not account for: the device waiting for the host, or the
         # engine's own device work outside the graph (its upload and table copy, the results' read-back)
         r["outside_graph_share"] = 1 - r["replay_us"] / r["engine_step_us"]
-        label = {None: "whole", "gemms only": "gemms only"}.get(r["without"], f"without {r['without']}")
+        label = {None: "whole", "gemms only": "gemms only"}.get(
+            r["without"], r["without"].removeprefix(TILED) if r["without"].startswith(TILED) else f"without {r['without']}")
         print(f"{r['batch']:>5}  {label:<22}{r['replay_us']:>13.1f}{r['replay_spread']:>8.1%}"
               f"{'-' if whole is None else format(-r['saved_share'], '+.1%'):>9}"
               f"{r['engine_step_us']:>12.1f}{r['engine_step_spread']:>8.1%}"
