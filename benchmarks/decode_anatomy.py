@@ -21,8 +21,9 @@ the engine's defaults in bfloat16):
   attention's tile (``DecodeTile``: keys a tile, warps, stages) and keys per split replaced, each against the whole
   (the package's defaults). Its neighbours in the step (the projection's gemm before, the output projection's after,
   dependent launches all) are part of what it costs, which ``decode_attention.py``'s graph of attention launches
-  alone does not see: on an H200 (session 32) that benchmark's fastest launch of a new kernel was 2.8-6.3x faster
-  than the kernel it replaced, and the engine decoded 14 % slower with it (829 against 963 tok/s at batch 1).
+  alone does not see: on an H200 (session 32) that benchmark's fastest launch of a new kernel (a2a87c3, reverted) was
+  2.8-6.3x faster than the kernel it replaced, and the engine decoded 14 % slower with it (829 against 963 tok/s at
+  batch 1).
 
 A step without a class computes garbage from memory nothing wrote (its logits mean nothing and nothing reads them
 but the argmax); only its time is kept, and each such engine is dropped after its timing. The whole step's graph is
@@ -225,8 +226,9 @@ def main() -> None:
         # of the engine's step, what its graph's replay does not account for: the device waiting for the host, or the
         # engine's own device work outside the graph (its upload and table copy, the results' read-back)
         r["outside_graph_share"] = 1 - r["replay_us"] / r["engine_step_us"]
-        label = {None: "whole", "gemms only": "gemms only"}.get(
-            r["without"], r["without"].removeprefix(TILED) if r["without"].startswith(TILED) else f"without {r['without']}")
+        name = r["without"]
+        label = ("whole" if name is None else name if name == "gemms only"
+                 else name.removeprefix(TILED) if name.startswith(TILED) else f"without {name}")
         print(f"{r['batch']:>5}  {label:<22}{r['replay_us']:>13.1f}{r['replay_spread']:>8.1%}"
               f"{'-' if whole is None else format(-r['saved_share'], '+.1%'):>9}"
               f"{r['engine_step_us']:>12.1f}{r['engine_step_spread']:>8.1%}"

@@ -18,6 +18,12 @@ the device has them (as ``decode_pdl`` runs it). Prints a table per situation (f
 CUDA. Run with another tree's package first on ``PYTHONPATH`` to time its kernel in the same situations (its own tiles
 permitting).
 
+A launch's time here is not its cost in the engine's step, where the projections' gemms are its neighbours: rank
+candidates with ``decode_anatomy.py --attention-tiles``. On an H200 (session 32) a kernel with a program per kv head
+(a2a87c3, reverted) timed 2.8-6.3x faster than this one here, in every situation, and the engine decoded 14 % slower
+with it (829 against 963 tok/s at batch 1); this kernel's own 21 us at 104 keys here was 11.5 us in an H100's step
+(session 13's trace).
+
 Usage: ``python benchmarks/decode_attention.py [--out FILE]``.
 """
 

@@ -111,16 +111,13 @@ def test_paged_rows_do_not_depend_on_the_batch():
 
 
 def test_paged_attention_rejects_bad_layouts():
-    """A non-int32 page table, a split size that is not a multiple of 64 keys, or a key tile that could cross a
-    split's boundary is refused by name."""
+    """A non-int32 page table, or a split size that is not a multiple of 64 keys, is refused by name."""
     case = _written_case(q_lens=[1], prefix_lens=[4])
     common = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, seq_lens=case.seq_lens)
     with pytest.raises(ValueError, match="page_table must be int32"):
         paged_decode_attention(page_table=case.page_table.long(), **common)
     with pytest.raises(ValueError, match="keys_per_split=100"):
         paged_decode_attention(page_table=case.page_table, keys_per_split=100, **common)
-    with pytest.raises(ValueError, match="tile.block_k=128"):
-        paged_decode_attention(page_table=case.page_table, tile=DecodeTile(block_k=128), **common)
 
 
 @pytest.mark.parametrize("keys_per_split", [None, 64], ids=["whole", "split"])

@@ -13,11 +13,11 @@ through the page table, so prefill and decode see the same rows:
   (a cached prefix of ``seq_lens[b] - n_q`` keys, then its own); causal; GQA (query head ``h``
   reads kv head ``h // (Hq // Hkv)``).
 - ``paged_decode_attention``: one query per sequence at position ``seq_lens[b] - 1``, one program
-  per kv head (its GQA group of query heads as the rows of the prefill's tile loop, key tiles of
-  ``DECODE_TILE.block_k``); split over the keys (flash decoding) in chunks of ``keys_per_split``
-  positions, merged by log-sum-exp in a second launch.
+  per query head, its scores and output as matrix-vector sums over key tiles of ``DECODE_TILE.block_k``;
+  split over the keys (flash decoding) in chunks of ``keys_per_split`` positions, merged by
+  log-sum-exp in a second launch.
 
-Both keep an fp32 online softmax over key tiles (prefill: ``BLOCK_N``, from position 0, in the
+Both keep an fp32 online softmax over key tiles from position 0 (prefill: ``BLOCK_N``, in the
 reference's order of operations). A split's boundaries are absolute positions (multiples of
 ``keys_per_split``), so a row's result depends on its sequence only, never on the batch.
 """
@@ -38,15 +38,13 @@ from mini_engine.ops.precision import dot_precision
 __all__ = ["DECODE_TILE", "DecodeTile", "paged_decode_attention", "paged_prefill_attention", "write_kv_pages"]
 
 BLOCK_N = 64  # keys per tile: the reference's TILE
-DEFAULT_KEYS_PER_SPLIT = 128  # with DECODE_TILE, the fastest in decode_attention.py's situations (an H200)
-MERGE_CHUNK = 16  # splits' partial rows a load in the merge
+DEFAULT_KEYS_PER_SPLIT = 256
 
 
 class DecodeTile(NamedTuple):
-    """The decode kernel's launch: keys per tile ([block_k, D] of k and of v per step: 16, 32 or 64), warps, pipeline
-    stages."""
+    """The decode kernel's launch: keys per tile ([block_k, D] of k and of v per step), warps, pipeline stages."""
 
-    block_k: int = 64
+    block_k: int = 32  # no spill at D = 256 in fp32 with 4 warps
     num_warps: int = 4
     num_stages: int = 2
 
@@ -129,22 +127,18 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
                    head_dim, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                    stride_tb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_gb,
                    stride_gh, KEYS_PER_SPLIT: tl.constexpr, SPLIT: tl.constexpr, PAGE: tl.constexpr,
-                   GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr,
-                   BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False):
-    """The GROUP query heads that read one kv head, of one sequence, over one split of its keys.
+                   GROUP: tl.constexpr, GATED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """One query head of one sequence over one split of its keys, in tiles of BLOCK_K keys.
 
-    The prefill's ``_attend`` with the heads for query rows (BLOCK_G of them, the group padded to a dot's 16): each
-    tile of BLOCK_K keys and values is loaded once for the whole group and their scores and outputs are dots, where a
-    program per query head read every tile GROUP times and walked it as matrix-vector sums. GATED: the grid also
-    spans the padding rows past the batch."""
+    A single query row is a matrix-vector product: the scores are a row-wise sum of ``k * q`` and the
+    output a column-wise sum of ``p * v`` on the CUDA cores (a tensor-core dot would pad the one row
+    to 16 and, in fp32, spill its tiles). GATED: the grid also spans the padding rows past the batch."""
     pdl.begin(PDL)
-    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    g = tl.arange(0, BLOCK_G)
-    heads, heads_ok = kv_head * GROUP + g, g < GROUP
-    seq64 = seq.to(tl.int64)
+    seq, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if seq >= batch:  # a padding row (GATED): zeros, written here or by the merge
         if not SPLIT:
-            _store_output(out_ptr, seq64, heads, heads_ok, tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32), gate_ptr,
+            _store_output(out_ptr, seq.to(tl.int64), head, tl.zeros([BLOCK_D], dtype=tl.float32), gate_ptr,
                           stride_ob, stride_oh, stride_gb, stride_gh, head_dim, BLOCK_D, False)
         return
     n_keys = tl.load(lens_ptr + seq)
@@ -152,73 +146,78 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, part_ptr, 
     if SPLIT:
         if key_lo >= n_keys:  # past the sequence's end: the merge reads only the splits its keys fill
             return
+    key_hi = tl.minimum(n_keys, key_lo + KEYS_PER_SPLIT)
+    kv_head = head // GROUP
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    q = tl.load(q_ptr + seq64 * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=heads_ok[:, None] & d_ok[None, :], other=0.0)
-    query_pos = tl.zeros([BLOCK_G], dtype=tl.int32) + n_keys - 1  # the last position: every key in the split
-    acc, running_max, denom = _attend(q, k_ptr, v_ptr, table_ptr + seq64 * stride_tb, kv_head, key_lo,
-                                      tl.minimum(n_keys, key_lo + KEYS_PER_SPLIT), n_keys, query_pos, scale, d,
-                                      d_ok, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                                      PAGE, BLOCK_G, BLOCK_K, BLOCK_D, DOT_PRECISION)
-    out = acc / denom[:, None]  # denom > 0: the split holds key ``key_lo``
+    seq64 = seq.to(tl.int64)
+    table_row = table_ptr + seq64 * stride_tb
+    q = tl.load(q_ptr + seq64 * stride_qb + head * stride_qh + d, mask=d_ok, other=0.0).to(tl.float32) * scale
+    running_max = tl.full([], float("-inf"), dtype=tl.float32)
+    denom = tl.zeros([], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for first in range(key_lo, key_hi, BLOCK_K):
+        pos = first + tl.arange(0, BLOCK_K)
+        pos_ok = pos < key_hi
+        k = _key_tile(k_ptr, table_row, pos, pos_ok, kv_head, d, d_ok, stride_kp, stride_ks, stride_kh, PAGE)
+        scores = tl.where(pos_ok, tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 0))  # finite: the tile holds key ``first``
+        rescale = tl.exp(running_max - new_max)
+        probs = tl.exp(scores - new_max)
+        denom = denom * rescale + tl.sum(probs, 0)
+        v = _key_tile(v_ptr, table_row, pos, pos_ok, kv_head, d, d_ok, stride_vp, stride_vs, stride_vh, PAGE)
+        acc = acc * rescale + tl.sum(probs[:, None] * v.to(tl.float32), 0)
+        running_max = new_max
+    out = acc / tl.where(denom > 0, denom, 1.0)
     if SPLIT:
-        tl.store(part_ptr + seq64 * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :], out,
-                 mask=heads_ok[:, None] & d_ok[None, :])
-        tl.store(lse_ptr + seq64 * stride_lb + heads * stride_lh + split, running_max + tl.log(denom), mask=heads_ok)
+        tl.store(part_ptr + seq64 * stride_pb + head * stride_ph + split * stride_ps + d, out, mask=d_ok)
+        lse = tl.where(denom > 0, running_max + tl.log(tl.where(denom > 0, denom, 1.0)), float("-inf"))
+        tl.store(lse_ptr + seq64 * stride_lb + head * stride_lh + split, lse)
     else:
-        _store_output(out_ptr, seq64, heads, heads_ok, out, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh,
-                      head_dim, BLOCK_D, GATED)
+        _store_output(out_ptr, seq64, head, out, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh, head_dim,
+                      BLOCK_D, GATED)
 
 
 @triton.jit
-def _store_output(out_ptr, row, heads, heads_ok, out, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh, head_dim,
+def _store_output(out_ptr, row, head, out, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh, head_dim,
                   BLOCK_D: tl.constexpr, GATED: tl.constexpr):
-    """Rows ``heads`` of one sequence's output ``out`` [len(heads), BLOCK_D], times ``sigmoid(gate)`` when GATED
-    (``decode_rows.sigmoid_mul``'s arithmetic)."""
+    """A head's output row, times ``sigmoid(gate)`` when GATED (``decode_rows.sigmoid_mul``'s arithmetic)."""
     d = tl.arange(0, BLOCK_D)
-    mask = heads_ok[:, None] & (d < head_dim)[None, :]
+    d_ok = d < head_dim
     if GATED:
-        gate = tl.load(gate_ptr + row * stride_gb + heads[:, None] * stride_gh + d[None, :], mask=mask,
-                       other=0.0).to(tl.float32)
+        gate = tl.load(gate_ptr + row * stride_gb + head * stride_gh + d, mask=d_ok, other=0.0).to(tl.float32)
         out = out * _sigmoid(gate)
-    tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(out_ptr + row * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit(do_not_specialize=["batch"])
 def _merge_splits_kernel(part_ptr, lse_ptr, lens_ptr, out_ptr, gate_ptr, batch, grid_splits, head_dim,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_gb,
                          stride_gh, KEYS_PER_SPLIT: tl.constexpr, GATED: tl.constexpr, BLOCK_S: tl.constexpr,
-                         CHUNK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+                         BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """out = sum_s exp(lse_s - max) * part_s / sum_s exp(lse_s - max) over the splits the sequence's keys fill (the
-    rest of the grid's splits wrote nothing), CHUNK_S splits' rows a load: a short sequence costs a load or two
-    whatever the table's capacity, and a long one no chain of dependent loads."""
+    rest of the grid's splits wrote nothing): a short sequence costs a pass or two whatever the table's capacity."""
     pdl.begin(PDL)
     seq, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    one = tl.arange(0, 1)
     if seq >= batch:  # a padding row (GATED)
-        _store_output(out_ptr, seq, head + one, one == 0, tl.zeros([1, BLOCK_D], dtype=tl.float32), gate_ptr,
-                      stride_ob, stride_oh, stride_gb, stride_gh, head_dim, BLOCK_D, False)
+        _store_output(out_ptr, seq, head, tl.zeros([BLOCK_D], dtype=tl.float32), gate_ptr, stride_ob, stride_oh,
+                      stride_gb, stride_gh, head_dim, BLOCK_D, False)
         return
     n_splits = tl.minimum(tl.cdiv(tl.load(lens_ptr + seq), KEYS_PER_SPLIT), grid_splits)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
-    parts = part_ptr + seq * stride_pb + head * stride_ph + d[None, :]
+    parts = part_ptr + seq * stride_pb + head * stride_ph + d
     lses = lse_ptr + seq * stride_lb + head * stride_lh
     s = tl.arange(0, BLOCK_S)
-    max_lse = tl.max(tl.load(lses + s, mask=s < n_splits, other=float("-inf")), 0)  # finite: split 0 holds key 0
-    weight_sum = tl.zeros([], dtype=tl.float32)
+    all_lse = tl.load(lses + s, mask=s < n_splits, other=float("-inf"))
+    max_lse = tl.max(all_lse, 0)  # finite: split 0 holds key 0
+    weight_sum = tl.sum(tl.exp(all_lse - max_lse), 0)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for first in range(0, n_splits, CHUNK_S):
-        chunk = first + tl.arange(0, CHUNK_S)
-        filled = chunk < n_splits
-        weight = tl.exp(tl.load(lses + chunk, mask=filled, other=float("-inf")) - max_lse)
-        weight_sum += tl.sum(weight, 0)
-        part = tl.load(parts + chunk[:, None] * stride_ps, mask=filled[:, None] & d_ok[None, :], other=0.0)
-        acc += tl.sum(weight[:, None] * part, 0)
-    _store_output(out_ptr, seq, head + one, one == 0, (acc / weight_sum)[None, :], gate_ptr, stride_ob, stride_oh,
-                  stride_gb, stride_gh, head_dim, BLOCK_D, GATED)
+    for split in range(n_splits):
+        weight = tl.exp(tl.load(lses + split) - max_lse)
+        acc += weight * tl.load(parts + split * stride_ps, mask=d_ok, other=0.0)
+    _store_output(out_ptr, seq, head, acc / weight_sum, gate_ptr, stride_ob, stride_oh, stride_gb, stride_gh,
+                  head_dim, BLOCK_D, GATED)
 
 
 @triton.jit
@@ -343,8 +342,6 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     _check_table(page_table, seq_lens, batch)
     if keys_per_split is not None and (keys_per_split < BLOCK_N or keys_per_split % BLOCK_N):
         raise ValueError(f"keys_per_split={keys_per_split} must be None or a positive multiple of {BLOCK_N}")
-    if tile.block_k not in (16, 32, 64):  # a dot's least, and tiles that never cross a split's boundary
-        raise ValueError(f"tile.block_k={tile.block_k} must be 16, 32 or 64")
     if q.stride(2) != 1:
         raise ValueError("q needs a contiguous last (head_dim) dimension")
     gated = gate is not None
@@ -372,17 +369,15 @@ def paged_decode_attention(*, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     out_strides = (out.stride(0), head_dim) if gated else (out.stride(0), out.stride(1))
     part_strides = (*part.stride()[:3], *lse.stride()[:2]) if split else (0,) * 5  # unused without splits
     gate_args = (gate, gate.stride(0), gate.stride(1)) if gated else (out, 0, 0)
-    _decode_kernel[(grid_rows, k_cache.shape[2], n_splits)](
+    _decode_kernel[(grid_rows, hq, n_splits)](
         q, k_cache, v_cache, page_table, lens, out, part, lse, gate_args[0], batch, scale, head_dim,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], page_table.stride(0),
         *out_strides, *part_strides, *gate_args[1:],
-        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, GATED=gated,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_K=tile.block_k, BLOCK_D=block_d,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl.options())
+        KEYS_PER_SPLIT=span, SPLIT=split, PAGE=k_cache.shape[1], GROUP=group, GATED=gated, BLOCK_K=tile.block_k,
+        BLOCK_D=block_d, num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl.options())
     if split:
-        block_s = triton.next_power_of_2(n_splits)
         _merge_splits_kernel[(grid_rows, hq)](
             part, lse, lens, out, gate_args[0], batch, n_splits, head_dim, *part_strides, *out_strides,
-            *gate_args[1:], KEYS_PER_SPLIT=span, GATED=gated, BLOCK_S=block_s, CHUNK_S=min(block_s, MERGE_CHUNK),
-            BLOCK_D=block_d, **pdl.options())
+            *gate_args[1:], KEYS_PER_SPLIT=span, GATED=gated,
+            BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=block_d, **pdl.options())
     return out
