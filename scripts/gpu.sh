@@ -22,11 +22,13 @@
 #              ledger_host_time.py of each tree; their logs and JSON in OUT_DIR/ab.tgz (a device call brings back 8
 #              files at most)
 #   attention  the decode attention's kernel: its GPU tests, benchmarks/decode_attention.py's tiles and splits in this
-#              tree, then each tree's under ab/ (its default alone, in the same situations: this tree's script with that
-#              tree's package)
+#              tree (the launches alone), each tree's under ab/ if any (its default alone, in the same situations: this
+#              tree's script with that tree's package), then tiles and splits ranked inside the engine's own batch-1
+#              step (decode_anatomy.py --attention-tiles), which is what counts: session 32's H200 ranked a kernel
+#              2.8-6.3x faster alone and 14 % slower in the engine
 #   attention-ab  the engine with this tree's decode attention against each tree's under ab/, trees alternating in
-#              separate processes, ABBA: benchmarks/decode_anatomy.py's batch-1 step (whole, and without attention) at
-#              the anatomy's contexts (68-573 tokens), then benchmarks/gpu_engine.py's batch 1 (the roofline, at 64-104
+#              separate processes, ABBA: benchmarks/decode_anatomy.py's batch-1 step (whole, and without attention) over
+#              three rounds (contexts 68-371 tokens), then benchmarks/gpu_engine.py's batch 1 (the roofline, at 64-104
 #              tokens); then the cold-vs-hit divergence of this tree (hit_divergence.py, 0.8B shape, bfloat16);
 #              the logs and JSON in OUT_DIR/attention_ab.tgz
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
@@ -170,14 +172,17 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         # a log and a JSON a step, 10 or more: the device tool brings back 8 files at most, so one archive of them
         (cd "$out" && tar czf ab.tgz ab_*.log ab_*.json && rm -f ab_*.log ab_*.json) ;;
     attention)
-        need_trees
         step 150 attention_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k paged_decode
-        step 240 decode_attention python3 benchmarks/decode_attention.py --out "$out/decode_attention.json"
+        step 180 decode_attention python3 benchmarks/decode_attention.py --out "$out/decode_attention.json"
         for tree in "${trees[@]:1}"; do  # this tree's script, that tree's package
+            [ -d "$tree" ] || continue
             name=$(tree_name "$tree")
             PYTHONPATH="$root/$tree" step 60 "decode_attention_$name" python3 benchmarks/decode_attention.py \
                 --default-only --out "$out/decode_attention_$name.json"
-        done ;;
+        done
+        step 200 attention_in_engine python3 benchmarks/decode_anatomy.py --batches 1 --classes whole attention \
+            --repeats 3 --attention-tiles 32,4,2/128 32,8,2/256 64,8,1/256 16,4,2/256 \
+            --out "$out/attention_in_engine.json" ;;
     attention-ab)
         need_trees
         for round in 1 2; do
