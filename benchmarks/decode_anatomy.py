@@ -94,15 +94,17 @@ TILED = "attention as "  # the prefix of a step whose decode attention runs anot
 def attention_tile(spec: str) -> str:
     """``K,WARPS,STAGES/SPLIT`` (``--attention-tiles``) -> a step's name, its stand-in registered in CLASSES: the
     package's own decode attention with that tile and keys per split."""
+    head, _, tail = spec.partition("/")
     try:
-        tile, split = spec.split("/")
-        tile = attention_ops.DecodeTile(*(int(x) for x in tile.split(",")))
-        split = int(split)
-    except (TypeError, ValueError) as error:
+        numbers, split = [int(x) for x in head.split(",")], int(tail)
+        if len(numbers) != 3 or split <= 0 or split % attention_ops.BLOCK_N:
+            raise ValueError(f"three numbers before the '/', and a split that is a multiple of {attention_ops.BLOCK_N}")
+    except ValueError as error:
         raise argparse.ArgumentTypeError(f"{spec!r} is not K,WARPS,STAGES/SPLIT (e.g. 64,8,1/64): {error}") from None
     name = TILED + spec
     CLASSES[name] = [(attention_ops, "paged_decode_attention",
-                      functools.partial(attention_ops.paged_decode_attention, tile=tile, keys_per_split=split))]
+                      functools.partial(attention_ops.paged_decode_attention, tile=attention_ops.DecodeTile(*numbers),
+                                        keys_per_split=split))]
     return name
 
 
