@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -30,8 +31,8 @@ class SamplingParams:
             raise ValueError(f"stop strings must be non-empty strings; got {self.stop!r}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1; got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # (NaN fails it too)
+            raise ValueError(f"temperature must be finite and >= 0; got {self.temperature}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32); got {self.seed}")
 

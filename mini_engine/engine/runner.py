@@ -375,9 +375,10 @@ class ModelRunner:
 
 def _draw(logits: torch.Tensor, params: SamplingParams, position: int) -> int:
     """A token drawn from a host float32 logits row at ``params.temperature``, seeded by the request's seed and the
-    position: the same token on any device and in any batch."""
-    scaled = logits / params.temperature
-    probs = torch.exp(scaled - scaled.max())
+    position: the same token on any device and in any batch. In float64, shifted to a maximum of 0 before the
+    division: a tiny temperature (5e-324 is in the API's range, and 0 in float32) sends the rest to -inf, where
+    dividing first made the maximum inf and ``inf - inf`` a NaN that failed the engine."""
+    probs = torch.exp((logits.double() - logits.max()) / params.temperature)
     probs = probs / probs.sum()
     gen = torch.Generator().manual_seed(params.seed * 1_000_003 + position)
     return int(torch.multinomial(probs, 1, generator=gen))

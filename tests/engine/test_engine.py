@@ -1,5 +1,6 @@
 """The engine with every safeguard on: exact against the cold reference, hits real, nothing leaks."""
 
+import math
 import random
 
 import pytest
@@ -132,6 +133,24 @@ def test_seeded_sampling_is_hit_invariant(tiny_model):
     assert warm.result(hit).cached_tokens == 128
     assert warm.result(hit).output_ids == cold.result(cold_id).output_ids
     assert len(set(cold.result(cold_id).output_ids)) > 3
+
+
+def test_a_tiny_temperature_samples_the_greedy_tokens(tiny_model, reference):
+    """The API's temperature range reaches the smallest float (5e-324): its draws are the greedy tokens and the
+    engine keeps serving (dividing the logits first made their maximum inf, ``inf - inf`` a NaN, and the engine
+    failed: a fuzzed server body found it). A temperature that is not finite is refused by name."""
+    rnd = random.Random(11)
+    prompt = tokens(rnd, 30)
+    engine = Engine(EngineConfig(), model=tiny_model)
+    tiny = engine.submit(prompt, SamplingParams(max_tokens=6, temperature=5e-324, seed=1))
+    drive(engine)
+    after = engine.submit(prompt, SamplingParams(max_tokens=2))
+    drive(engine)
+    assert engine.result(tiny).output_ids == tuple(reference(prompt, 6))
+    assert engine.result(after).output_ids == tuple(reference(prompt, 2))
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ValueError, match="temperature must be finite"):
+            SamplingParams(temperature=bad)
 
 
 def test_stop_tokens_and_lengths(tiny_model, reference):
