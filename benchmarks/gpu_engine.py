@@ -26,7 +26,8 @@ launches), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.d
 ``graphs-bf16-pdl``, ``graphs-bf16-auto-pdl`` and ``graphs-bf16-auto-pdl-gdn1`` (the step's Triton kernels as
 programmatic dependent launches: ``EngineConfig.decode_pdl``; a Hopper GPU), ``graphs-bf16-default`` (the
 engine's defaults: ``decode_gemm="tuned"``, the gemms measured ahead of time for this GPU model, and dependent
-launches where the GPU can),
+launches where the GPU can), ``graphs-bf16-gemm-sums`` (the defaults with a split gemm's K parts added by a launch of
+its own, not by the norm that reads them: ``EngineConfig.decode_split_sums``),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
 tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes), and with
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -86,6 +88,9 @@ VARIANTS = {"graphs": _PLAIN,
             "graphs-bf16-auto-pdl-gdn1": {**_BF16, "decode_gemm": "auto", "decode_pdl": True, "decode_gdn": "fused"},
             # the engine's own defaults in bfloat16: the packaged table's gemms, dependent launches where the GPU can
             "graphs-bf16-default": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16"},
+            # the same with a split gemm's parts added by its own second launch, not by the norm that reads them
+            "graphs-bf16-gemm-sums": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
+                                      "decode_split_sums": "gemm"},
             "triton": {**_PLAIN, "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
 # the defaults with ``--gemm-table``'s decode gemm table in the package's place (``EngineConfig.decode_gemm_table``)
@@ -118,8 +123,10 @@ def engine_decode(model: HybridModel, batch: int, prompt: int, new: int, variant
     elapsed = time.perf_counter() - started
     assert all(len(engine.result(r).output_ids) == new for r in ids)
     tokens = batch * new - streamed
+    # the run's tokens as a digest: variants that claim the same bits (greedy, the same weights) must agree on it
+    outputs = hashlib.sha256(json.dumps([engine.result(r).output_ids for r in ids]).encode()).hexdigest()[:16]
     return {"seconds": elapsed, "tokens": tokens, "steps": engine.steps - steps, "tokens_per_s": tokens / elapsed,
-            "steps_per_s": (engine.steps - steps) / elapsed, "start_seconds": start_seconds}
+            "steps_per_s": (engine.steps - steps) / elapsed, "start_seconds": start_seconds, "outputs": outputs}
 
 
 WARM_TOKENS = 4

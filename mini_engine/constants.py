@@ -15,6 +15,11 @@ DECODE_GEMMS = ("cublas", "triton", "auto", "tuned")
 # and prepared row, the replay of the slot's rows, the output norm) or "fused" (one: ``decode_rows.gdn_step``).
 GDN_STEPS = ("split", "fused")
 
+# Who adds a Triton decode gemm's K parts where it splits K, for the projections the residual stream's norm reads
+# (a mixer's output projection, the MLP's down projection): "norm" (that norm, as it reads them: no launch of their
+# own) or "gemm" (a second launch of the gemm's). The same order and rounding either way: the same bits.
+SPLIT_SUMS = ("norm", "gemm")
+
 # The slot ledger's digests of the live slots a forward wrote: "tracked" (a memo per slot: a decode step's digest
 # reads conv and the rows since the slot's last digest, rec only in a new chunk or after another write:
 # ``ops.checksum.memo``) or "readback" (every digest reads the whole state, as a restore's or a clone's do).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | attention | attention-ab | tune | retune | gemms |
+#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | attention | attention-ab | sums | tune | retune | gemms |
 #                                           diagnose | regressions | tests | exactness | faults | engine | decode | anatomy |
 #                                           prefill | kernels
 #
@@ -31,6 +31,12 @@
 #              three rounds (contexts 68-371 tokens), then benchmarks/gpu_engine.py's batch 1 (the roofline, at 64-104
 #              tokens); then the cold-vs-hit divergence of this tree (hit_divergence.py, 0.8B shape, bfloat16);
 #              the logs and JSON in OUT_DIR/attention_ab.tgz
+#   sums       a split gemm's K parts added by the residual's norm (EngineConfig.decode_split_sums="norm") against by a
+#              second launch ("gemm"): the decode step's GPU tests (their bits the same, the gemm configurations with
+#              the 8-part splits), the 0.8B's bfloat16 gemms ranked at batch 1 with the norm's sums (the mixer and down
+#              projections' splits timed without a second launch) into OUT_DIR/tuned_b1.json, then in one process
+#              benchmarks/gpu_engine.py's defaults, the defaults with the gemm's own sums, and the defaults with that
+#              ranking (batch 1 and 32, the roofline; each run's tokens digested: the first two must agree)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -90,11 +96,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|ab|attention|attention-ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|attention|attention-ab|sums|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|ab|attention|attention-ab|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | attention | attention-ab | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|ab|attention|attention-ab|sums|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | attention | attention-ab | sums | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | anatomy | prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -205,6 +211,21 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
     tune)
         cp mini_engine/ops/decode_rows/tuned_gemms.json "$out/tuned_gemms.json"
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;
+    sums)
+        step 150 sums_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
+        step 200 sums_retune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
+            --batches 1 --out "$out/tuned_b1.json"
+        step 230 sums_decode python3 benchmarks/gpu_engine.py --variants graphs-bf16-default graphs-bf16-gemm-sums \
+            --hf-dtype --vocab 248320 --gemm-table "$out/tuned_b1.json" --out "$out/sums_decode.json"
+        python3 - "$out/sums_decode.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+for batch in sorted({r["batch"] for r in rows}):
+    runs = {r["engine"]: r for r in rows if r["batch"] == batch}
+    print(f"batch {batch}: " + "; ".join(f"{e.split(', ')[-1][:-1]} {r['tokens_per_s']:.1f} tok/s, outputs "
+                                          f"{sorted({run['outputs'] for run in r['runs']})}" for e, r in runs.items()))
+PY
+        ;;
     retune)
         step 330 retune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
             --batches 1 --out "$out/tuned_b1.json"

@@ -6,7 +6,10 @@ CUDA graph as a step runs them, at each of ``--batches`` live rows), and the fas
 goes into the table under this GPU's name (``torch.cuda.get_device_name``), merged with what the table already holds
 for other GPUs, with each batch's times beside it. One choice serves every batch (a row's bits must not depend on
 its batch), so ``--batches`` weighs them: ``--batches 1`` ranks for one sequence's decode alone. The models are
-built with random weights on the GPU: only their shapes matter. Prints one line per weight.
+built with random weights on the GPU: only their shapes matter. A weight whose output the residual's norm reads (a
+mixer's output or the MLP's down projection: ``DecodeModel.deltas``) has its splits timed without their second launch,
+as the step runs them (the norm adds the parts); a shape is ranked once, in the first role it is met in. Prints one
+line per weight.
 
     python scripts/tune_decode_gemms.py [--models NAME ...] [--vocab N ...] [--dtypes bfloat16 float16]
                                         [--batches B ...] [--out FILE]
@@ -37,13 +40,16 @@ from mini_engine.ops import invariant as inv
 from mini_engine.ops.decode_rows import gemm, tuned
 
 
-def weights(name: str, vocab: int | None, dtype: torch.dtype) -> list[torch.Tensor]:
-    """The decode step's 16-bit weights of the built-in model ``name`` (with ``vocab`` ids), on the GPU."""
+def weights(name: str, vocab: int | None, dtype: torch.dtype) -> list[tuple[torch.Tensor, bool]]:
+    """The decode step's 16-bit weights of the built-in model ``name`` (with ``vocab`` ids), on the GPU, each with
+    whether the residual's norm adds its split's parts (``DecodeModel.deltas``: its splits are timed without their
+    second launch)."""
     config = builtin_config(name)
     if vocab is not None:
         config = dataclasses.replace(config, vocab_size=vocab)
-    model = HybridModel(config).eval().cuda().cast_projections(dtype)
-    return DecodeModel(model).projections()
+    decoder = DecodeModel(HybridModel(config).eval().cuda().cast_projections(dtype))
+    deltas = {id(weight) for weight in decoder.deltas()}
+    return [(weight, id(weight) in deltas) for weight in decoder.projections()]
 
 
 def main() -> None:
@@ -70,12 +76,13 @@ def main() -> None:
           f"then at each batch its us, cuBLAS's and the fastest candidate's")
     for dtype in (getattr(torch, d) for d in args.dtypes):
         for name, vocab in builds:
-            for weight in weights(name, vocab, dtype):
+            for weight, delta in weights(name, vocab, dtype):
                 key = tuned.entry_key(weight.dtype, tuple(weight.shape))
                 if key in done:
                     continue
                 done.add(key)
-                entry = tuned.record(table, device, weight, gemm.rank_by_batch(weight, batches=batches))
+                entry = tuned.record(table, device, weight, gemm.rank_by_batch(weight, batches=batches,
+                                                                               unsummed=delta))
                 each = "  ".join(f"b{b}: {e['us']:.2f} {e['cublas_us']:.2f} {e['fastest_us']:.2f}"
                                  for b, e in entry["by_batch"].items())
                 print(f"  {key:<24} {json.dumps(entry['config']):<110} {entry['us']:>9.2f} {entry['cublas_us']:>9.2f}"

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SNAPSHOT_ALIGN, STATE_DIGESTS
+from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SNAPSHOT_ALIGN, SPLIT_SUMS, STATE_DIGESTS
 from mini_engine.faults import parse_faults
 
 __all__ = ["DONATE_POLICIES", "DTYPES", "KERNEL_CHOICES", "EngineConfig"]
@@ -57,6 +57,10 @@ class EngineConfig:
     # package's. None: the package's.
     decode_gemm_table: str | None = None
     decode_gdn: str = "split"  # the triton decode's Gated DeltaNet layers: three launches or one (constants.GDN_STEPS)
+    # Who adds the K parts of a triton decode gemm that splits K, where the residual stream's norm reads its output:
+    # that norm ("norm": no launch of their own) or the gemm's second launch ("gemm"); the same bits
+    # (constants.SPLIT_SUMS).
+    decode_split_sums: str = "norm"
     # The triton decode's Triton kernels as programmatic dependent launches: each may start while the one before
     # still runs, and waits for it before it reads anything (the same bits). Needs a Hopper GPU (``ops.pdl``).
     # None: on wherever the device and the triton can (``runner.ModelRunner``), off elsewhere.
@@ -108,6 +112,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.state_digests={self.state_digests!r}; allowed: {STATE_DIGESTS}")
         if self.decode_gdn not in GDN_STEPS:
             raise ValueError(f"EngineConfig.decode_gdn={self.decode_gdn!r}; allowed: {GDN_STEPS}")
+        if self.decode_split_sums not in SPLIT_SUMS:
+            raise ValueError(f"EngineConfig.decode_split_sums={self.decode_split_sums!r}; allowed: {SPLIT_SUMS}")
         if self.decode_pdl and (self.device != "cuda" or self.decode_kernels == "reference"):
             raise ValueError(f"EngineConfig.decode_pdl=True launches the triton decode's kernels on a GPU: it needs "
                              f"device='cuda' and decode_kernels 'triton' or 'auto'; got device={self.device!r}, "

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from mini_engine.constants import DECODE_GEMMS, GDN_STEPS
+from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SPLIT_SUMS
 from mini_engine.device import upload
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
@@ -109,9 +109,11 @@ class DecodeModel:
     model's weight dtype and on its device, shared with the Triton prefill)."""
 
     def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split", pdl: bool = False,
-                 gemm_table: dict | None = None) -> None:
+                 gemm_table: dict | None = None, split_sums: str = "norm") -> None:
         if gemm not in DECODE_GEMMS:
             raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
+        if split_sums not in SPLIT_SUMS:
+            raise ValueError(f"split_sums must be one of {SPLIT_SUMS}; got {split_sums!r}")
         if gemm_table is not None and gemm != "tuned":
             raise ValueError(f"a gemm table is read by gemm='tuned' alone; got gemm={gemm!r}")
         if gdn not in GDN_STEPS:
@@ -119,9 +121,11 @@ class DecodeModel:
         self.model = model
         self.gdn = gdn  # a GDN layer between its projections: three launches ("split") or one (``gdn_step``)
         self.pdl = pdl  # the step's Triton kernels as programmatic dependent launches (``ops.pdl``; sm_90 on)
+        self.split_sums = split_sums  # who adds a split gemm's K parts that the residual's norm reads (``delta``)
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
         self._gemms: dict[int, gemm_ops.GemmConfig] = {}  # id(weight) -> its Triton gemm; absent: inv.linear
+        deltas = {id(weight) for weight in self.deltas()} if split_sums == "norm" else set()
         for weight in self.projections():
             if gemm == "cublas" or weight.dtype not in (torch.float16, torch.bfloat16):
                 continue
@@ -130,7 +134,7 @@ class DecodeModel:
             elif gemm == "tuned":
                 config = tuned_gemms.tuned(weight, gemm_table)  # (None: the package's table)
             else:
-                config = gemm_ops.choose(weight) if weight.is_cuda else None
+                config = gemm_ops.choose(weight, unsummed=id(weight) in deltas) if weight.is_cuda else None
             if config is not None:
                 self._gemms[id(weight)] = config
 
@@ -139,9 +143,13 @@ class DecodeModel:
         projection, the MLP's fused gate | up and its down projection."""
         out = [self.model.head_weight]
         for layer, weights in zip(self.model.model.layers, self.layers):
-            mixer = layer.linear_attn.out_proj if layer.layer_type == LINEAR else layer.self_attn.o_proj
-            out += [weights.in_proj, mixer.weight, weights.gate_up, layer.mlp.down_proj.weight]
+            out += [weights.in_proj, _mixer_out(layer), weights.gate_up, layer.mlp.down_proj.weight]
         return out
+
+    def deltas(self) -> list[torch.Tensor]:
+        """The weights whose outputs only the residual stream's norm reads (``delta``): per layer its mixer's output
+        projection and the MLP's down projection."""
+        return [w for layer in self.model.model.layers for w in (_mixer_out(layer), layer.mlp.down_proj.weight)]
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
         """A projection of the step's padded rows (``rows`` live): ``inv.linear`` (cuBLAS in 64-row tiles), or
@@ -152,6 +160,21 @@ class DecodeModel:
         if config is None:
             return inv.linear(x, weight)
         return gemm_ops.linear(x, weight, rows=rows, config=config)
+
+    def delta(self, x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor | row_ops.Parts:
+        """``linear`` for a projection that only the residual stream's next ``add_rms_norm`` reads (a mixer's output,
+        the MLP's down projection): with ``split_sums="norm"`` a Triton gemm that splits K leaves its parts to that
+        norm (``row_ops.Parts``), which adds them as the gemm's second launch would (the same bits, one launch a
+        projection fewer)."""
+        config = self._gemms.get(id(weight))
+        if config is None:
+            return inv.linear(x, weight)
+        return gemm_ops.linear(x, weight, rows=rows, config=config, unsummed=self.split_sums == "norm")
+
+
+def _mixer_out(layer) -> torch.Tensor:
+    """The layer's mixer's output projection's weight: the GDN's ``out_proj`` or attention's ``o_proj``."""
+    return (layer.linear_attn.out_proj if layer.layer_type == LINEAR else layer.self_attn.o_proj).weight
 
 
 def _fuse(layer) -> _LayerWeights:
@@ -218,7 +241,7 @@ def _layers(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
                                  live=n)
         act = row_ops.silu_mul(gate_up=dm.linear(h, weights.gate_up, n), out_dtype=layer.mlp.down_proj.weight.dtype,
                                live=n)
-        delta = dm.linear(act, layer.mlp.down_proj.weight, n)
+        delta = dm.delta(act, layer.mlp.down_proj.weight, n)
     head = model.head_weight
     h = row_ops.add_rms_norm(x=x, delta=delta, weight=model.model.norm.weight, eps=dm.norm_eps, out_dtype=head.dtype,
                              live=n)
@@ -306,7 +329,7 @@ class DecodeGraphs:
 
 
 def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
-                      step: _Step, n: int) -> torch.Tensor:
+                      step: _Step, n: int) -> torch.Tensor | row_ops.Parts:
     from mini_engine.ops.gated_delta_rule.triton_decode import pending_replay_decode_triton
 
     proj = dm.linear(h, in_proj, n)  # [P, qkv | z | b | a]
@@ -321,7 +344,7 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
                          pending_rows=step.pending_rows, rec_pool=pools.rec[:, layer], rows=step.rows, z=z,
                          norm_weight=gdn.norm.weight, eps=gdn.norm.eps, out_rows=h.shape[0],
                          out_dtype=gdn.out_proj.weight.dtype, **running)
-        return dm.linear(gated, gdn.out_proj.weight, n)
+        return dm.delta(gated, gdn.out_proj.weight, n)
     # the conv on the slots' conv rows in place, and the prepared row; the new row also joins its slot's pending
     # rows (a row that completes its chunk goes to the sink's row 62)
     row = row_ops.conv_gdn_rows(x=proj[:n, :conv_dim], conv_weight=gdn.conv1d.weight[:, 0],
@@ -333,11 +356,11 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
                                         slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv), **running)
     gated = row_ops.gated_rms_norm(core=core, z=z, weight=gdn.norm.weight, eps=gdn.norm.eps, rows=h.shape[0],
                                 out_dtype=gdn.out_proj.weight.dtype)
-    return dm.linear(gated, gdn.out_proj.weight, n)
+    return dm.delta(gated, gdn.out_proj.weight, n)
 
 
 def _full_attention(dm: DecodeModel, attn, in_proj: torch.Tensor, h: torch.Tensor, pools: Pools, layer: int,
-                    step: _Step, page_table: torch.Tensor, n: int) -> torch.Tensor:
+                    step: _Step, page_table: torch.Tensor, n: int) -> torch.Tensor | row_ops.Parts:
     from mini_engine.ops.attention.triton import paged_decode_attention
 
     qkv = dm.linear(h, in_proj, n)  # [P, q and gates | k | v]
@@ -352,4 +375,4 @@ def _full_attention(dm: DecodeModel, attn, in_proj: torch.Tensor, h: torch.Tenso
     gate = qkv[:n, : attn.hq * 2 * attn.d].unflatten(1, (attn.hq, 2 * attn.d))[..., attn.d :]
     gated = paged_decode_attention(q=q, k_cache=keys, v_cache=values, page_table=page_table, seq_lens=step.seq_lens,
                                    gate=gate, rows=h.shape[0], out_dtype=attn.o_proj.weight.dtype)
-    return dm.linear(gated, attn.o_proj.weight, n)
+    return dm.delta(gated, attn.o_proj.weight, n)

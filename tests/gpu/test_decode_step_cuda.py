@@ -131,6 +131,23 @@ def test_a_table_file_gives_its_choices_by_this_gpus_name():
     assert tuned.tuned(listed, {"another GPU": table[torch.cuda.get_device_name()]}) is None
 
 
+@pytest.mark.parametrize("dependent", [False, True])
+def test_a_split_gemms_parts_added_by_the_norm_on_the_gpu(dependent):
+    """A split gemm's K parts added by the residual's norm give the second launch's bits on the GPU too (the two
+    kernels compiled apart add in the same order): four bfloat16 steps, the down projections' split as the swapped
+    TMA tile, plain launches and (Hopper on) every kernel a dependent launch."""
+    import torch
+
+    from mini_engine.ops import pdl
+    from mini_engine.ops.decode_rows import gemm
+
+    if dependent and pdl.supported("cuda"):
+        pytest.skip(pdl.supported("cuda"))
+    down = gemm.GemmConfig(64, 32, split_k=4, swap=True, tma=True, pdl=dependent)
+    spec.check_split_sums(build_builtin("tiny-random").cuda().cast_projections(torch.bfloat16), CudaDevice(), steps=4,
+                          down=down, dependent=dependent)
+
+
 def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
     """Each GDN layer's conv, replay and norm in one launch (whole-head tiles): the split steps' logits and pools to
     rounding over four steps (chunk completions, running copies), and the one-launch kernel against its chain."""

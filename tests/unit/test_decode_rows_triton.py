@@ -188,6 +188,38 @@ def test_every_gemm_configuration_computes_the_product():
             gemm.linear(x, weight, rows=2, config=config)
 
 
+def test_a_norm_adds_a_splits_parts_as_its_second_launch_does():
+    """``linear(unsummed=True)``: a split's K parts left unsummed (``Parts``, float32, the gemm's dtype named) and
+    ``add_rms_norm`` adding them: the residual and the normed rows of the summed output bit for bit, by address and
+    swapped, padding rows untouched; a whole-K tile returns its output as ever. Parts that are not float32
+    [split, rows, cols] are refused by name."""
+    gen = torch.Generator().manual_seed(12)
+    weight = randn(40, 256, gen=gen, dtype=torch.float16)
+    h = torch.zeros(32, 256, dtype=torch.float16)
+    h[:BATCH] = randn(BATCH, 256, gen=gen, dtype=torch.float16)
+    x = torch.zeros(32, 40)
+    x[:BATCH] = randn(BATCH, 40, gen=gen)
+    norm = randn(40, gen=gen)
+    for config in (gemm.GemmConfig(16, 32, split_k=4), gemm.GemmConfig(64, 64, split_k=2, swap=True)):
+        parts = gemm.linear(h, weight, rows=BATCH, config=config, unsummed=True)
+        assert isinstance(parts, kernels.Parts) and parts.dtype == torch.float16, config
+        assert parts.sums.dtype == torch.float32 and parts.sums.shape == (config.split_k, 32, 40), config
+        summed = gemm.linear(h, weight, rows=BATCH, config=config)
+        residuals = [x.clone(), x.clone()]
+        outs = [kernels.add_rms_norm(x=r, delta=d, weight=norm, eps=1e-6, out_dtype=torch.float16, live=BATCH)
+                for r, d in zip(residuals, (parts, summed))]
+        assert torch.equal(residuals[0], residuals[1]) and torch.equal(outs[0], outs[1]), config
+        assert not residuals[0][BATCH:].any() and not outs[0][BATCH:].any(), config
+    whole = gemm.linear(h, weight, rows=BATCH, config=gemm.GemmConfig(16, 32), unsummed=True)
+    assert isinstance(whole, torch.Tensor) and whole.shape == (32, 40) and whole.dtype == torch.float16
+    with pytest.raises(ValueError, match="a delta's parts must be float32 \\[split, 32, 40\\]"):
+        kernels.add_rms_norm(x=x, delta=kernels.Parts(torch.zeros(2, 32, 40, dtype=torch.float16), torch.float16),
+                             weight=norm, eps=1e-6, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="delta must be \\[32, 40\\] like x"):
+        kernels.add_rms_norm(x=x, delta=kernels.Parts(torch.zeros(2, 16, 40), torch.float16), weight=norm, eps=1e-6,
+                             out_dtype=torch.float16)
+
+
 def test_a_fused_sum_gives_the_two_launch_splits_bits():
     """K in 4 parts added by each tile's last program in the same launch (``fused_sum``): the bits of the split whose
     parts a second launch adds (the same order), by address and by descriptor, over two live row tiles and a tile

@@ -5,12 +5,15 @@ completes chunks; the pools must afterwards hold exactly what the runner would h
 model's returned states, and nothing may land outside the slots and pages the step names.
 """
 
+import copy
+
 import pytest
 import torch
 
 from mini_engine.constants import GDN_STEPS
 from mini_engine.device.sim import SimDevice
 from mini_engine.engine.storage import KVStorage, StateStorage
+from mini_engine.model.config import LINEAR
 from mini_engine.model.decode import SINK, DecodeModel, Pools, decode_step
 
 PAGE = 4
@@ -210,6 +213,54 @@ def check_gdn_step_variants(model, device, *, exact: bool, steps: int = 2) -> No
 
 def test_the_one_launch_gdn_step_gives_the_split_steps_bits(two_layer_model):
     check_gdn_step_variants(two_layer_model, SimDevice(), exact=True)
+
+
+def check_split_sums(model, device, *, steps: int = 2, down=None, dependent: bool = False) -> None:
+    """``steps`` decode steps of a 16-bit ``model`` whose output projections split K in 2 parts (by address) and
+    down projections in 4 (``down``: default the swapped tile by address), their parts added by the residual's norm
+    (``DecodeModel(split_sums="norm")``) against added by the gemm's second launch ("gemm"), the step's kernels as
+    dependent launches or not: the logits and every pool bit for bit, and only "norm" hands the norm a projection's
+    parts (every norm but the first layer's input norm gets a mixer's or a down projection's)."""
+    from mini_engine.ops.decode_rows import gemm
+    from mini_engine.ops.decode_rows import triton as row_ops
+
+    splits = {"mixer": gemm.GemmConfig(16, 16, split_k=2),
+              "down": down or gemm.GemmConfig(64, 32, split_k=4, swap=True)}
+    norm, runs = row_ops.add_rms_norm, []
+    for sums in ("norm", "gemm"):
+        _, pools, table = _prefilled(model, device, steps)
+        decoder = DecodeModel(model, gemm="triton", split_sums=sums, pdl=dependent)
+        gen = torch.Generator().manual_seed(9)
+        for layer in model.model.layers:
+            mixer = layer.linear_attn.out_proj if layer.layer_type == LINEAR else layer.self_attn.o_proj
+            decoder._gemms[id(mixer.weight)] = splits["mixer"]
+            decoder._gemms[id(layer.mlp.down_proj.weight)] = splits["down"]
+        handed = []
+
+        def spy(*, delta, handed=handed, **kwargs):
+            handed.append(isinstance(delta, row_ops.Parts))
+            return norm(delta=delta, **kwargs)
+
+        row_ops.add_rms_norm = spy
+        try:
+            logits = [decode_step(decoder, pools, torch.randint(0, model.config.vocab_size, (len(SLOTS),),
+                                                                generator=gen).to(table.device),
+                                  list(SLOTS), [length + step for length in LENGTHS], table) for step in range(steps)]
+        finally:
+            row_ops.add_rms_norm = norm
+        runs.append((logits, pools, handed))
+    (got, got_pools, parts), (want, want_pools, summed) = runs
+    layers = len(model.model.layers)
+    assert parts == ([False] + [True, True] * layers) * steps, "every mixer and down projection's parts to the norm"
+    assert not any(summed)
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"step {step}"
+    for name, a, b in zip(Pools._fields, got_pools, want_pools):
+        assert torch.equal(a, b), name
+
+
+def test_a_split_gemms_parts_added_by_the_norm_give_the_second_launchs_bits(two_layer_model):
+    check_split_sums(copy.deepcopy(two_layer_model).cast_projections(torch.float16), SimDevice())
 
 
 def test_bad_slots_are_refused(tiny_model):

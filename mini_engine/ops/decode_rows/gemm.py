@@ -53,6 +53,7 @@ import triton.language as tl
 
 from mini_engine.ops import invariant as inv
 from mini_engine.ops import pdl
+from mini_engine.ops.decode_rows.triton import Parts
 
 __all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2", "rank",
            "rank_by_batch"]
@@ -199,7 +200,8 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     32 or 64 with at least 32 of them, K blocks of 256 or 128 that divide ``n_in``; for outputs of at most
     2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
     swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch), over all of K and
-    (narrow outputs) in 4 parts. Not the dependent launch that asks for its weight early (``prefetch``): timed alone
+    (narrow outputs) in 4 or 8 parts (8: for the decode step's mixer and down projections, whose parts the residual's
+    norm adds in no launch of their own, so more programs stream the weight at no second launch's cost). Not the dependent launch that asks for its weight early (``prefetch``): timed alone
     it wins, in the engine's step it loses (the module's docstring). (Narrower swapped tiles, 32 or 16 weight rows by
     descriptor, ran 1.2-1.5x slower on an H100: session 12.)"""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
@@ -212,16 +214,22 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
                 for k in (128, 64) if n_in % (split * k) == 0]
     swapped = [(1, block_ks[0])]
     if n_out <= 2048:
-        swapped += [(4, k) for k in (128, 64) if n_in % (4 * k) == 0][:1]
+        for split in (4, 8):
+            swapped += [(split, k) for k in (128, 64) if n_in % (split * k) == 0][:1]
     out += [GemmConfig(64, k, split_k=split, swap=True, tma=tma, pdl=dependent) for split, k in swapped
             for tma, dependent in ((False, False), (True, False), (True, True))]
     return out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConfig | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConfig | None = None,
+           unsummed: bool = False) -> torch.Tensor | Parts:
     """``x @ weight.T`` for x [P, K] (P a multiple of 16, rows past ``rows`` zero) and a 16-bit weight [N, K]
     of x's dtype; returns [P, N] in that dtype, rows past ``rows`` zero. Accumulates in float32.
-    ``config``: default the first of ``configs``."""
+    ``config``: default the first of ``configs``.
+
+    ``unsummed``: a split's K parts are returned as they are (``Parts``, float32 [split, P, N]) for the kernel that
+    reads them to add (``decode_rows.add_rms_norm``, which adds them as the second launch would: the same bits), so
+    the split costs no launch of its own. A configuration without a second launch returns its output as ever."""
     if weight.dtype not in (torch.float16, torch.bfloat16) or x.dtype != weight.dtype:
         raise ValueError(f"linear takes a 16-bit weight and input of its dtype; got {x.dtype} x {weight.dtype}")
     padded, n_in = x.shape
@@ -271,6 +279,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     else:
         _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks, **pdl.options())
     if split > 1 and not config.fused_sum:
+        if unsummed:
+            return Parts(parts, out.dtype)
         block = min(1024, triton.next_power_of_2(n_out))
         _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
                                                              SPLIT=split, BLOCK=block, **pdl.options())
@@ -293,25 +303,27 @@ def _counters(tiles: int, device: torch.device) -> torch.Tensor:
 _CHOSEN: dict[tuple, GemmConfig | None] = {}  # (shape, dtype, device) -> choice: once per process
 
 
-def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15) -> GemmConfig | None:
+def choose(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15,
+           unsummed: bool = False) -> GemmConfig | None:
     """The fastest way to run ``weight`` in a decode step on its CUDA device (``rank``'s first): a ``GemmConfig``
     for ``linear``, or None for ``inv.linear`` (cuBLAS). Weights of one shape, dtype and device share one choice,
-    kept for the process."""
-    key = (tuple(weight.shape), weight.dtype, weight.device)
+    kept for the process (and ``unsummed``: ``rank_by_batch``'s)."""
+    key = (tuple(weight.shape), weight.dtype, weight.device, unsummed)
     if key not in _CHOSEN:
-        _CHOSEN[key] = rank(weight, batches=batches, repeats=repeats)[0][0]
+        _CHOSEN[key] = rank(weight, batches=batches, repeats=repeats, unsummed=unsummed)[0][0]
     return _CHOSEN[key]
 
 
-def rank(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15
+def rank(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15, unsummed: bool = False
          ) -> list[tuple[GemmConfig | None, float]]:
     """Every candidate for ``weight`` (None: cuBLAS, then ``configs``) with its microseconds summed over ``batches``,
     fastest first (``rank_by_batch``)."""
-    return [(config, sum(times.values())) for config, times in rank_by_batch(weight, batches=batches, repeats=repeats)]
+    return [(config, sum(times.values()))
+            for config, times in rank_by_batch(weight, batches=batches, repeats=repeats, unsummed=unsummed)]
 
 
-def rank_by_batch(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15
-                  ) -> list[tuple[GemmConfig | None, dict[int, float]]]:
+def rank_by_batch(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), repeats: int = 15,
+                  unsummed: bool = False) -> list[tuple[GemmConfig | None, dict[int, float]]]:
     """Every candidate for ``weight`` (None: cuBLAS, then ``configs``) with its microseconds at each of ``batches``,
     fastest first by their sum. Each runs as a step runs it: on that many live rows of a padded 64-row input, one
     gemm after another in a CUDA graph, each on its own copy of the weight (copies past the L2's size, so the weight
@@ -319,7 +331,9 @@ def rank_by_batch(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), r
     microseconds carries the events' own and is overstated unevenly between candidates. TMA and dependent-launch
     candidates only where the device has them (sm_90 on). The sum is a choice between the batches: one weight gets
     one choice at every batch (a row's bits must not depend on its batch), and the fastest at one batch need not be
-    at another (the module's docstring)."""
+    at another (the module's docstring). ``unsummed``: the weight's output is read by a kernel that adds a split's
+    parts itself (``linear(unsummed=True)``: the decode step's mixer and down projections), so a split is timed
+    without its second launch."""
     inputs = {b: torch.zeros(inv.ROW_TILE, weight.shape[1], dtype=weight.dtype, device=weight.device) for b in batches}
     for b, x in inputs.items():
         x[:b].normal_()
@@ -329,7 +343,7 @@ def rank_by_batch(weight: torch.Tensor, *, batches: tuple[int, ...] = (1, 32), r
         if config is None:
             inv.linear(inputs[b], w)
         else:
-            linear(inputs[b], w, rows=b, config=config)
+            linear(inputs[b], w, rows=b, config=config, unsummed=unsummed)
 
     def microseconds(config: GemmConfig | None) -> dict[int, float]:
         return {b: graph_microseconds([lambda w=w, b=b: run(config, b, w) for w in copies], repeats) / len(copies)

@@ -10,6 +10,8 @@ The step's gemm for 16-bit weights is ``gemm.py``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -17,9 +19,20 @@ import triton.language as tl
 from mini_engine.ops import pdl
 from mini_engine.ops.causal_conv1d.triton import _activate, _tap, _window
 
-__all__ = ["add_rms_norm", "conv_gdn_rows", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul", "silu_mul"]
+__all__ = ["Parts", "add_rms_norm", "conv_gdn_rows", "gated_rms_norm", "gdn_rows", "qk_norm_rope", "sigmoid_mul",
+           "silu_mul"]
 
 _SOFTPLUS_THRESHOLD = 20.0  # as torch and ``inv.softplus``
+
+
+class Parts(NamedTuple):
+    """A split gemm's output before its K parts are added (``gemm.linear(unsummed=True)``): what reads it adds them."""
+
+    sums: torch.Tensor  # [split, rows, cols] float32: part k's partial products
+    dtype: torch.dtype  # the dtype their sum is rounded to (the gemm's output dtype)
+
+
+_TRITON_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 @triton.jit
@@ -28,9 +41,12 @@ def _sigmoid(x):
 
 
 @triton.jit(do_not_specialize=["live"])  # one compile for every batch size
-def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, out_stride, eps, live,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """Row ``row``; rows from ``live`` on are padding: their output is zeros, and nothing of theirs is read."""
+def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, part_stride, out_stride, eps, live,
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr = 0,
+                         PART_DTYPE: tl.constexpr = tl.float32, PDL: tl.constexpr = False):
+    """Row ``row``; rows from ``live`` on are padding: their output is zeros, and nothing of theirs is read. With
+    PARTS > 0 ``delta`` is a split gemm's float32 K parts (``part_stride`` apart), added here as the gemm's own sum
+    adds them (``gemm._sum_parts_kernel``: in order 0, 1, ..., rounded to PART_DTYPE), so the same bits."""
     pdl.begin(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -40,7 +56,12 @@ def _add_rms_norm_kernel(x, delta, weight, out, n_cols, x_stride, delta_stride, 
         return
     value = tl.load(x + row * x_stride + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DELTA:
-        value += tl.load(delta + row * delta_stride + cols, mask=ok, other=0.0).to(tl.float32)
+        change = tl.load(delta + row * delta_stride + cols, mask=ok, other=0.0)
+        if PARTS > 0:
+            for part in tl.static_range(1, PARTS):
+                change += tl.load(delta + part * part_stride + row * delta_stride + cols, mask=ok, other=0.0)
+            change = change.to(PART_DTYPE)
+        value += change.to(tl.float32)
         tl.store(x + row * x_stride + cols, value, mask=ok)
     normed = value * tl.rsqrt(tl.sum(value * value, axis=0) / n_cols + eps)
     scale = 1.0 + tl.load(weight + cols, mask=ok, other=0.0).to(tl.float32)
@@ -278,24 +299,33 @@ def _rows_of(t: torch.Tensor, name: str, cols: int) -> None:
                          f"strides {t.stride()}")
 
 
-def add_rms_norm(*, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+def add_rms_norm(*, x: torch.Tensor, delta: torch.Tensor | Parts | None, weight: torch.Tensor, eps: float,
                  out_dtype: torch.dtype, live: int | None = None) -> torch.Tensor:
     """As the reference. ``live``: the rows before it are the batch's, the rest padding (default: all live); a
     padding row's output is zeros and its x and delta are neither read nor written (a decode step keeps them
-    zero)."""
+    zero). ``delta`` may be a split gemm's K parts not yet added (``Parts``): they are added here, in the order and
+    to the dtype the gemm's own second launch would (``gemm.linear(unsummed=True)``), so x gets the same bits."""
     rows, cols = x.shape
     _rows_of(x, "x", cols)
     if x.dtype != torch.float32:
         raise ValueError(f"x (the residual stream) must be float32; got {x.dtype}")
-    if delta is not None and tuple(delta.shape) != (rows, cols):
+    parts = delta if isinstance(delta, Parts) else None
+    if parts is not None:
+        delta = parts.sums
+        if delta.dim() != 3 or delta.dtype != torch.float32 or delta.stride(2) != 1:
+            raise ValueError(f"a delta's parts must be float32 [split, {rows}, {cols}], contiguous along a row; got "
+                             f"{delta.dtype} {tuple(delta.shape)}")
+    if delta is not None and tuple(delta.shape[-2:]) != (rows, cols):
         raise ValueError(f"delta must be [{rows}, {cols}] like x; got {tuple(delta.shape)}")
     out = x.new_empty(rows, cols, dtype=out_dtype)
     if rows:
+        split = {} if parts is None else {"PARTS": delta.shape[0], "PART_DTYPE": _TRITON_DTYPES[parts.dtype]}
         _add_rms_norm_kernel[(rows,)](x, x if delta is None else delta, weight, out, cols, x.stride(0),
-                                      0 if delta is None else delta.stride(0), out.stride(0), eps,
-                                      rows if live is None else live, HAS_DELTA=delta is not None,
-                                      BLOCK=triton.next_power_of_2(cols), **pdl.options())
+                                      0 if delta is None else delta.stride(-2), 0 if parts is None else delta.stride(0),
+                                      out.stride(0), eps, rows if live is None else live, HAS_DELTA=delta is not None,
+                                      BLOCK=triton.next_power_of_2(cols), **split, **pdl.options())
     return out
+
 
 
 def _gdn_rows_setup(conv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: int, heads: tuple[int, int],
