@@ -36,7 +36,8 @@
 #              the 8-part splits), the 0.8B's bfloat16 gemms ranked at batch 1 with the norm's sums (the mixer and down
 #              projections' splits timed without a second launch) into OUT_DIR/tuned_b1.json, then in one process
 #              benchmarks/gpu_engine.py's defaults, the defaults with the gemm's own sums, and the defaults with that
-#              ranking (batch 1 and 32, the roofline; each run's tokens digested: the first two must agree)
+#              ranking (batch 1 and 32, the roofline; each run's tokens digested: the first two must agree); then the
+#              cold-vs-hit divergence with the defaults (hit_divergence.py, 0.8B shape, bfloat16)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -217,6 +218,8 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
             --batches 1 --out "$out/tuned_b1.json"
         step 230 sums_decode python3 benchmarks/gpu_engine.py --variants graphs-bf16-default graphs-bf16-gemm-sums \
             --hf-dtype --vocab 248320 --gemm-table "$out/tuned_b1.json" --out "$out/sums_decode.json"
+        step 120 sums_divergence python3 benchmarks/hit_divergence.py --device cuda --models qwen3.5-0.8b-shaped-random \
+            --dtypes bfloat16 --requests 32 --max-tokens 12 --explain --out "$out/sums_hit_divergence.json"
         python3 - "$out/sums_decode.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]

@@ -256,7 +256,7 @@ def check_split_sums(model, device, *, steps: int = 2, down=None, dependent: boo
     for step, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), f"step {step}"
     for name, a, b in zip(Pools._fields, got_pools, want_pools):
-        assert torch.equal(a, b), name
+        assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink: what lands there is nobody's (and races)
 
 
 def test_a_split_gemms_parts_added_by_the_norm_give_the_second_launchs_bits(two_layer_model):
