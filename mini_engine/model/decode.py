@@ -9,7 +9,9 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
 - projections: the residual stream is kept as float32 rows padded to the gemm tile (``inv.ROW_TILE``),
   the projections that read the same rows are fused into one weight (``DecodeModel``), and the
   norms, gates, RoPE and activations around them are one per-row kernel each
-  (``mini_engine.ops.decode_rows``), writing the next gemm's input in the weight's dtype;
+  (``mini_engine.ops.decode_rows``), writing the next gemm's input in the weight's dtype; where a
+  Triton gemm splits K for a projection the residual's norm reads (a mixer's output, the MLP's down
+  projection: ``DecodeModel.delta``), that norm adds the float32 parts (no launch of their own);
 - conv: ``causal_conv1d_update``'s arithmetic on the slot's conv rows, in place, in the same launch as the
   Gated DeltaNet's prepared row (``conv_gdn_rows``);
 - Gated DeltaNet, on the state as it is kept (``mini_engine.model.state``: the recurrent state at

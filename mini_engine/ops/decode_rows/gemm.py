@@ -5,7 +5,9 @@ in all but name. ``inv.linear`` gives cuBLAS fixed 64-row tiles (batch invarianc
 and on the H200 cuBLAS then runs the 1,024-wide outputs at 0.7-1.0 TB/s (split-K over few column
 blocks). ``linear`` here gives one program 16 rows (the smallest tensor-core tile) and ``block_n``
 columns over all of K, or over a fixed part of K (``split_k``: the parts' float32 sums added in a fixed
-order by a second launch); tiles wholly past the batch write their zeros and read no weight. With ``swap``
+order by a second launch, or by the kernel that reads the output: ``unsummed``, which the decode step's
+residual norm takes, so a split of a 1,024-wide output costs no launch of its own); tiles wholly past the
+batch write their zeros and read no weight. With ``swap``
 the same tile is computed as weight @ x.T: the weight's ``block_n`` rows are the tensor-core tile's long
 side (Hopper's warpgroup products take 64 rows there) and the 16 input rows its short one, the weight
 loaded by address or (``tma``) by a tensor descriptor, as decode kernels for small batches do. In a CUDA
