@@ -52,7 +52,13 @@ import time
 import types
 
 import torch
-from gpu_engine import VARIANTS, prompts, shape_08b, weight_bytes  # a sibling script: benchmarks/ is on sys.path
+from gpu_engine import (  # a sibling script: benchmarks/ is on sys.path
+    VARIANTS,
+    copy_bandwidth,
+    prompts,
+    shape_08b,
+    weight_bytes,
+)
 
 import mini_engine.ops.attention.triton as attention_ops
 import mini_engine.ops.gated_delta_rule.triton_decode as gdn_decode
@@ -193,7 +199,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=QWEN35_VOCAB, help="the model's vocabulary (gpu_engine.py)")
     parser.add_argument("--replays", type=int, default=100, help="graph replays, then as many engine steps, a round")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; their median is reported")
-    parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="device copy bandwidth, bytes/s (default: this GPU model's as measured: "
+                             "gpu_engine.COPY_BANDWIDTH)")
     parser.add_argument("--classes", nargs="+", default=["whole", *CLASSES], choices=["whole", *CLASSES],
                         help="the steps measured: the whole, and without which classes")
     parser.add_argument("--attention-tiles", nargs="+", default=[], type=attention_tile, metavar="K,WARPS,STAGES/SPLIT",
@@ -204,6 +212,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("decode_anatomy.py: needs a CUDA device (the step's CUDA graph is what it times)")
+    args.bandwidth = copy_bandwidth(args.bandwidth)
     config = shape_08b(args.vocab)
     with tempfile.TemporaryDirectory() as folder:
         save_pretrained(init_weights(HybridModel(config)), folder)

@@ -15,7 +15,8 @@ runs and their spread). ``transformers.generate`` cannot be stepped: its rate is
 runs, ``--short`` and ``--long`` new tokens, so prefill and start-up cancel:
 ``batch * (long - short) / (t_long - t_short)``. Both engines decode
 greedily with end-of-sequence ignored. The roofline is one read of every weight per step at the
-device copy bandwidth (``--bandwidth``, 4.17 TB/s measured on the H200). Prints a table, writes JSON.
+device copy bandwidth (``--bandwidth``; by default the GPU model's as measured: 4.17 TB/s on the H200, 3.02 on the
+H100). Prints a table, writes JSON.
 
 The engine runs once per ``--variants``, side by side: ``graphs`` (decode steps through
 ``model.decode``, the kernels on the pools, replayed from one CUDA graph per batch size, cuBLAS gemms and plain
@@ -95,6 +96,24 @@ VARIANTS = {"graphs": _PLAIN,
             "reference": {"decode_kernels": "reference"}}
 # the defaults with ``--gemm-table``'s decode gemm table in the package's place (``EngineConfig.decode_gemm_table``)
 TABLE_VARIANT = "graphs-bf16-table"
+
+
+# each GPU model's device copy bandwidth as measured (torch ``copy_`` of 1 GiB; RESULTS.md), bytes/s: the roofline's
+COPY_BANDWIDTH = {"NVIDIA H200": 4.17e12, "NVIDIA H100 80GB HBM3": 3.02e12}
+
+
+def copy_bandwidth(given: float | None) -> float:
+    """``--bandwidth`` if given, else this GPU model's measured copy bandwidth; a GPU not in ``COPY_BANDWIDTH`` needs
+    the option (its roofline would otherwise be another card's)."""
+    if given is not None:
+        return given
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device: its model names the copy bandwidth the roofline reads")
+    name = torch.cuda.get_device_name()
+    if name not in COPY_BANDWIDTH:
+        raise SystemExit(f"--bandwidth: no copy bandwidth is recorded for {name!r} (known: {sorted(COPY_BANDWIDTH)}); "
+                         "measure one (torch copy_ of 1 GiB) and pass it in bytes/s")
+    return COPY_BANDWIDTH[name]
 
 
 def weight_bytes(model, dtype: torch.dtype | None = None) -> int:
@@ -198,7 +217,8 @@ def main() -> None:
     parser.add_argument("--profile", default=None,
                         help="write torch.profiler tables of a run at the largest batch here")
     parser.add_argument("--profile-batch", type=int, default=None, help="the batch profiled (default: the largest)")
-    parser.add_argument("--bandwidth", type=float, default=4.17e12, help="device copy bandwidth, bytes/s")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help=f"device copy bandwidth, bytes/s (default: this GPU model's as measured, {COPY_BANDWIDTH})")
     parser.add_argument("--vocab", type=int, default=None,
                         help=f"vocabulary size (default: the byte tokenizer's 260; {QWEN35_VOCAB}: Qwen3.5's)")
     parser.add_argument("--gemm-table", default=None, metavar="FILE",
@@ -206,6 +226,7 @@ def main() -> None:
                              "(scripts/tune_decode_gemms.py --out FILE; variant graphs-bf16-table), after --variants")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    args.bandwidth = copy_bandwidth(args.bandwidth)
     if args.gemm_table is not None:
         if not os.path.isfile(args.gemm_table):
             parser.error(f"--gemm-table: no such file {args.gemm_table!r}")
