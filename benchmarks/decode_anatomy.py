@@ -82,7 +82,7 @@ CLASSES = {
     "norms": [("rows", "add_rms_norm", lambda *, x, out_dtype, **_: _empty(*x.shape, out_dtype, x.device))],
     "swiglu": [("rows", "silu_mul", lambda *, gate_up, out_dtype, **_: _empty(gate_up.shape[0], gate_up.shape[1] // 2,
                                                                              out_dtype, gate_up.device))],
-    "gdn": [("rows", "conv_gdn_rows", lambda **_: None),
+    "gdn": [(decode_module, "conv_gdn_rows", lambda **_: None),
             (gdn_decode, "pending_replay_decode_triton", lambda **_: None),
             ("rows", "gated_rms_norm",
              lambda *, z, rows, out_dtype, **_: _empty(rows, z.shape[1], out_dtype, z.device)),
@@ -117,8 +117,8 @@ def attention_tile(spec: str) -> str:
 @contextlib.contextmanager
 def without(name: str | None):
     """The decode step with class ``name``'s kernels stood in for by allocations (or another attention tile: TILED)
-    while inside (None: the whole). ``pending_replay_decode_triton``, ``paged_decode_attention`` and ``gdn_step``
-    serve the decode step alone."""
+    while inside (None: the whole). ``pending_replay_decode_triton`` and ``paged_decode_attention`` serve the decode
+    step alone, and ``conv_gdn_rows`` and ``gdn_step`` are replaced where the decode module names them."""
     row_ops = decode_module.row_ops
     view = types.SimpleNamespace(**{k: getattr(row_ops, k) for k in dir(row_ops) if not k.startswith("__")})
     parts = [(view if where == "rows" else where, attribute, stand_in)

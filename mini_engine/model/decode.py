@@ -50,6 +50,7 @@ from mini_engine.ops import pdl
 from mini_engine.ops.decode_rows import gemm as gemm_ops
 from mini_engine.ops.decode_rows import triton as row_ops
 from mini_engine.ops.decode_rows import tuned as tuned_gemms
+from mini_engine.ops.decode_rows.gdn_prepare import conv_gdn_rows
 from mini_engine.ops.decode_rows.gdn_step import gdn_step
 from mini_engine.ops.decode_rows.prologue import decode_prologue
 
@@ -349,10 +350,10 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
         return dm.delta(gated, gdn.out_proj.weight, n)
     # the conv on the slots' conv rows in place, and the prepared row; the new row also joins its slot's pending
     # rows (a row that completes its chunk goes to the sink's row 62)
-    row = row_ops.conv_gdn_rows(x=proj[:n, :conv_dim], conv_weight=gdn.conv1d.weight[:, 0],
-                                conv_pool=pools.conv[:, layer], slots=step.slots, a=a, b=b, A_log=gdn.A_log,
-                                dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv), head_dims=(gdn.dk, gdn.dv),
-                                pending_pool=pending, pending_slots=step.pending_slots, pending_rows=step.pending_rows)
+    row = conv_gdn_rows(x=proj[:n, :conv_dim], conv_weight=gdn.conv1d.weight[:, 0], conv_pool=pools.conv[:, layer],
+                        slots=step.slots, a=a, b=b, A_log=gdn.A_log, dt_bias=gdn.dt_bias, heads=(gdn.hk, gdn.hv),
+                        head_dims=(gdn.dk, gdn.dv), pending_pool=pending, pending_slots=step.pending_slots,
+                        pending_rows=step.pending_rows)
     # (the kernel reads the slot's rows before the new one: the row just stored is past them)
     core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
                                         slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv), **running)

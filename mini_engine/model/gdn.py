@@ -61,7 +61,7 @@ class GatedDeltaNet(nn.Module):
         """Projections and conv: returns prepared rows [N, pending_width], the gate z, the conv's input (the
         qkv projection) and its final states."""
         if kernels == "triton":  # one gemm for qkv | z | b | a, the l2 norms, gates and row layout in one row kernel
-            from mini_engine.ops.decode_rows.triton import gdn_rows
+            from mini_engine.ops.decode_rows.gdn_prepare import gdn_rows
 
             mixed, z, b, a = ops.linear(kernels, h, self.in_proj.weight()).split(self.in_proj.widths, dim=-1)
             conv = self._conv(mixed, batch, conv_state, kernels)

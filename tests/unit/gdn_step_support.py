@@ -13,8 +13,9 @@ from typing import NamedTuple
 
 import torch
 
+from mini_engine.ops.decode_rows.gdn_prepare import conv_gdn_rows
 from mini_engine.ops.decode_rows.gdn_step import gdn_step
-from mini_engine.ops.decode_rows.triton import conv_gdn_rows, gated_rms_norm
+from mini_engine.ops.decode_rows.triton import gated_rms_norm
 from mini_engine.ops.gated_delta_rule.triton_decode import pending_replay_decode_triton
 from mini_engine.ops.invariant import l2_normalize
 from tests.unit.kernel_support import TOLERANCE, randn, relative_error

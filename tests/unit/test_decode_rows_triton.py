@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mini_engine.ops import decode_rows as reference
+from mini_engine.ops.decode_rows import gdn_prepare as gdn_kernels
 from mini_engine.ops.decode_rows import gemm
 from mini_engine.ops.decode_rows import triton as kernels
 from tests.unit.kernel_support import TOLERANCE, randn, relative_error
@@ -67,7 +68,7 @@ def test_gdn_rows_and_their_pending_copies():
                               head_dims=dims)
     pool = torch.full((5, 63, want.shape[1]), float("nan"))
     slots, rows = torch.tensor([4, 0, 2]), torch.tensor([0, 62, 17])
-    got = kernels.gdn_rows(conv=conv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, heads=heads, head_dims=dims,
+    got = gdn_kernels.gdn_rows(conv=conv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, heads=heads, head_dims=dims,
                            pending_pool=pool, pending_slots=slots, pending_rows=rows)
     _close(got, want)
     for i, (slot, row) in enumerate(zip(slots, rows)):
@@ -274,11 +275,11 @@ def test_conv_gdn_rows_is_the_conv_update_then_gdn_rows(dtype):
         rows = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias, heads=heads, head_dims=dims, pending_pool=pending,
                     pending_slots=pending_slots, pending_rows=pending_rows)
         if fuse:
-            got = kernels.conv_gdn_rows(x=x, conv_weight=weight, conv_pool=pool[:, 1], slots=slots, **rows)
+            got = gdn_kernels.conv_gdn_rows(x=x, conv_weight=weight, conv_pool=pool[:, 1], slots=slots, **rows)
         else:
             conv = causal_conv1d_update(x=x, weight=weight, conv_pool=pool[:, 1], slot_indices=slots,
                                         activation="silu").output
-            got = kernels.gdn_rows(conv=conv, **rows)
+            got = gdn_kernels.gdn_rows(conv=conv, **rows)
         results.append((got, pool, pending))
     (want, want_pool, want_pending), (got, got_pool, got_pending) = results
     assert torch.equal(got, want)
@@ -294,9 +295,9 @@ def test_conv_gdn_rows_refuses_a_pool_it_cannot_step():
     common = dict(x=x, conv_weight=torch.zeros(40, 4), slots=torch.tensor([1, 2]), a=x[:, :1], b=x[:, 1:2],
                   A_log=torch.zeros(1), dt_bias=torch.zeros(1), heads=(1, 1), head_dims=(16, 8))
     with pytest.raises(ValueError, match=r"conv_pool must be \[slots, 40, 3\]"):
-        kernels.conv_gdn_rows(conv_pool=torch.zeros(3, 40, 4), **common)
+        gdn_kernels.conv_gdn_rows(conv_pool=torch.zeros(3, 40, 4), **common)
     with pytest.raises(ValueError, match="contiguous columns"):
-        kernels.conv_gdn_rows(conv_pool=torch.zeros(3, 3, 40).transpose(1, 2), **common)
+        gdn_kernels.conv_gdn_rows(conv_pool=torch.zeros(3, 3, 40).transpose(1, 2), **common)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=str)

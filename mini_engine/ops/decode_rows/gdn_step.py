@@ -26,17 +26,16 @@ import triton
 import triton.language as tl
 
 from mini_engine.ops import pdl
-from mini_engine.ops.decode_rows.triton import (
+from mini_engine.ops.decode_rows.gdn_prepare import (
     _SOFTPLUS_THRESHOLD,
     _conv_window,
-    _gated_norm,
     _gdn_rows_setup,
     _key_head_row,
     _row_targets,
-    _rows_of,
     _value_head_row,
     check_decode_conv,
 )
+from mini_engine.ops.decode_rows.triton import _gated_norm, _rows_of
 from mini_engine.ops.gated_delta_rule.launch import check_running
 from mini_engine.ops.gated_delta_rule.triton_decode import (
     _follows_run,
