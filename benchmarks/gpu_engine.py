@@ -218,7 +218,8 @@ def main() -> None:
                         help="write torch.profiler tables of a run at the largest batch here")
     parser.add_argument("--profile-batch", type=int, default=None, help="the batch profiled (default: the largest)")
     parser.add_argument("--bandwidth", type=float, default=None,
-                        help=f"device copy bandwidth, bytes/s (default: this GPU model's as measured, {COPY_BANDWIDTH})")
+                        help=f"device copy bandwidth, bytes/s (default: this GPU model's as measured: "
+                             f"{COPY_BANDWIDTH})")
     parser.add_argument("--vocab", type=int, default=None,
                         help=f"vocabulary size (default: the byte tokenizer's 260; {QWEN35_VOCAB}: Qwen3.5's)")
     parser.add_argument("--gemm-table", default=None, metavar="FILE",
@@ -268,12 +269,13 @@ def main() -> None:
           f"{args.long} tokens; roofline: the "
           f"weights' bytes at {args.bandwidth / 1e12:.2f} TB/s")
     print(f"{'engine':<38}{'batch':>6}{'tok/s':>10}{'steps/s':>9}{'weights GB':>11}{'of roofline':>12}{'spread':>8}"
-          f"{'start s':>9}")
+          f"{'start s':>9}  tokens (digest)")
     for r in rows:
         spread = f"{r['spread']:.1%}" if "spread" in r else "-"
+        digests = " ".join(sorted({run["outputs"] for run in r.get("runs", [])})) or "-"
         print(f"{r['engine']:<38}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{r['steps_per_s']:>9.1f}"
               f"{r['weight_bytes'] / 1e9:>11.2f}{r['steps_per_s'] / r['roofline_steps_per_s']:>12.1%}{spread:>8}"
-              f"{r['start_seconds'] if 'start_seconds' in r else float('nan'):>9.2f}")
+              f"{r['start_seconds'] if 'start_seconds' in r else float('nan'):>9.2f}  {digests}")
     for ours in (r for r in rows if r["engine"].startswith("mini")):
         for theirs in (r for r in rows if r["batch"] == ours["batch"] and r["engine"].startswith("transformers")):
             print(f"batch {ours['batch']}: {ours['engine']} / {theirs['engine']} = "

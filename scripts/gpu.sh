@@ -36,8 +36,8 @@
 #              the 8-part splits), the 0.8B's bfloat16 gemms ranked at batch 1 with the norm's sums (the mixer and down
 #              projections' splits timed without a second launch) into OUT_DIR/tuned_b1.json, then in one process
 #              benchmarks/gpu_engine.py's defaults, the defaults with the gemm's own sums, and the defaults with that
-#              ranking (batch 1 and 32, the roofline; each run's tokens digested: the first two must agree); then the
-#              cold-vs-hit divergence with the defaults (hit_divergence.py, 0.8B shape, bfloat16)
+#              ranking (batch 1 and 32, the roofline; each row prints its runs' token digest: the first two must
+#              agree); then the cold-vs-hit divergence with the defaults (hit_divergence.py, 0.8B shape, bfloat16)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -137,6 +137,16 @@ ab_step() {  # ab_step SECONDS TREE NAME SCRIPT ARGS...: a benchmark of TREE's, 
     cd "$root" && export PYTHONPATH="$root"
 }
 
+batch1_retune() {  # batch1_retune TUNE_SECONDS DECODE_SECONDS VARIANT...: the 0.8B's bfloat16 gemms ranked at batch 1
+    # into OUT_DIR/tuned_b1.json, then gpu_engine.py's VARIANTs and the defaults with that table, in one process
+    local tune=$1 decode=$2
+    shift 2
+    step "$tune" retune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
+        --batches 1 --out "$out/tuned_b1.json"
+    step "$decode" retune_decode python3 benchmarks/gpu_engine.py --variants "$@" --hf-dtype --vocab 248320 \
+        --gemm-table "$out/tuned_b1.json" --out "$out/retune_decode.json"
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 case "$part" in
     priority)
@@ -214,26 +224,11 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         step 200 tune python3 scripts/tune_decode_gemms.py --out "$out/tuned_gemms.json" ;;
     sums)
         step 150 sums_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
-        step 200 sums_retune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
-            --batches 1 --out "$out/tuned_b1.json"
-        step 230 sums_decode python3 benchmarks/gpu_engine.py --variants graphs-bf16-default graphs-bf16-gemm-sums \
-            --hf-dtype --vocab 248320 --gemm-table "$out/tuned_b1.json" --out "$out/sums_decode.json"
+        batch1_retune 200 230 graphs-bf16-default graphs-bf16-gemm-sums
         step 120 sums_divergence python3 benchmarks/hit_divergence.py --device cuda --models qwen3.5-0.8b-shaped-random \
-            --dtypes bfloat16 --requests 32 --max-tokens 12 --explain --out "$out/sums_hit_divergence.json"
-        python3 - "$out/sums_decode.json" <<'PY'
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-for batch in sorted({r["batch"] for r in rows}):
-    runs = {r["engine"]: r for r in rows if r["batch"] == batch}
-    print(f"batch {batch}: " + "; ".join(f"{e.split(', ')[-1][:-1]} {r['tokens_per_s']:.1f} tok/s, outputs "
-                                          f"{sorted({run['outputs'] for run in r['runs']})}" for e, r in runs.items()))
-PY
-        ;;
+            --dtypes bfloat16 --requests 32 --max-tokens 12 --explain --out "$out/sums_hit_divergence.json" ;;
     retune)
-        step 330 retune python3 scripts/tune_decode_gemms.py --models qwen3.5-0.8b-shaped-random --dtypes bfloat16 \
-            --batches 1 --out "$out/tuned_b1.json"
-        step 240 retune_decode python3 benchmarks/gpu_engine.py --variants graphs-bf16-default --hf-dtype --vocab 248320 \
-            --gemm-table "$out/tuned_b1.json" --out "$out/retune_decode.json" ;;
+        batch1_retune 330 240 graphs-bf16-default ;;
     gemms)
         step 100 gemm_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py
         step 460 decode_gemms python3 benchmarks/decode_gemms.py --wide --out "$out/decode_gemms.json" ;;

@@ -13,7 +13,6 @@ import torch
 from mini_engine.constants import GDN_STEPS
 from mini_engine.device.sim import SimDevice
 from mini_engine.engine.storage import KVStorage, StateStorage
-from mini_engine.model.config import LINEAR
 from mini_engine.model.decode import SINK, DecodeModel, Pools, decode_step
 
 PAGE = 4
@@ -190,19 +189,23 @@ def test_the_running_copy_gives_the_replays_bits(tiny_model):
     check_running_copy(tiny_model, SimDevice())
 
 
+def _decoded(model, device, decoder: DecodeModel, steps: int) -> tuple[list[torch.Tensor], Pools]:
+    """``steps`` decode steps of every sequence (seeded tokens) with ``decoder`` on freshly prefilled pools: each
+    step's logits, and the pools after."""
+    _, pools, table = _prefilled(model, device, steps)
+    gen = torch.Generator().manual_seed(9)
+    logits = [decode_step(decoder, pools, torch.randint(0, model.config.vocab_size, (len(SLOTS),),
+                                                        generator=gen).to(table.device),
+                          list(SLOTS), [length + step for length in LENGTHS], table) for step in range(steps)]
+    return logits, pools
+
+
 def check_gdn_step_variants(model, device, *, exact: bool, steps: int = 2) -> None:
     """``steps`` decode steps with each GDN layer's conv, replay and norm in one launch (``DecodeModel(gdn="fused")``)
     against the three launches: the logits and every pool (running copies and their counts too) bit for bit
     (``exact``) or to rounding (a GPU), through chunk completions and running copies."""
-    runs = []
-    for gdn in GDN_STEPS:
-        _, pools, table = _prefilled(model, device, steps)
-        decoder, gen = DecodeModel(model, gdn=gdn), torch.Generator().manual_seed(9)
-        logits = [decode_step(decoder, pools, torch.randint(0, model.config.vocab_size, (len(SLOTS),),
-                                                            generator=gen).to(table.device),
-                              list(SLOTS), [length + step for length in LENGTHS], table) for step in range(steps)]
-        runs.append((logits, pools))
-    (want, want_pools), (got, got_pools) = runs
+    (want, want_pools), (got, got_pools) = (_decoded(model, device, DecodeModel(model, gdn=gdn), steps)
+                                            for gdn in GDN_STEPS)
     for step, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-3, atol=1e-4), f"step {step}"
     for name, a, b in zip(Pools._fields, got_pools, want_pools):
@@ -228,13 +231,10 @@ def check_split_sums(model, device, *, steps: int = 2, down=None, dependent: boo
               "down": down or gemm.GemmConfig(64, 32, split_k=4, swap=True)}
     norm, runs = row_ops.add_rms_norm, []
     for sums in ("norm", "gemm"):
-        _, pools, table = _prefilled(model, device, steps)
         decoder = DecodeModel(model, gemm="triton", split_sums=sums, pdl=dependent)
-        gen = torch.Generator().manual_seed(9)
-        for layer in model.model.layers:
-            mixer = layer.linear_attn.out_proj if layer.layer_type == LINEAR else layer.self_attn.o_proj
-            decoder._gemms[id(mixer.weight)] = splits["mixer"]
-            decoder._gemms[id(layer.mlp.down_proj.weight)] = splits["down"]
+        deltas = decoder.deltas()  # per layer its mixer's output projection, then its down projection
+        for weight, config in zip(deltas, [splits["mixer"], splits["down"]] * (len(deltas) // 2)):
+            decoder._gemms[id(weight)] = config
         handed = []
 
         def spy(*, delta, handed=handed, **kwargs):
@@ -243,12 +243,9 @@ def check_split_sums(model, device, *, steps: int = 2, down=None, dependent: boo
 
         row_ops.add_rms_norm = spy
         try:
-            logits = [decode_step(decoder, pools, torch.randint(0, model.config.vocab_size, (len(SLOTS),),
-                                                                generator=gen).to(table.device),
-                                  list(SLOTS), [length + step for length in LENGTHS], table) for step in range(steps)]
+            runs.append((*_decoded(model, device, decoder, steps), handed))
         finally:
             row_ops.add_rms_norm = norm
-        runs.append((logits, pools, handed))
     (got, got_pools, parts), (want, want_pools, summed) = runs
     layers = len(model.model.layers)
     assert parts == ([False] + [True, True] * layers) * steps, "every mixer and down projection's parts to the norm"

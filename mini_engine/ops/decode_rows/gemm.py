@@ -203,8 +203,8 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     2,048 columns (too few column blocks to keep the memory busy) also K split in 2 or 4 parts. Then the
     swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch), over all of K and
     (narrow outputs) in 4 or 8 parts (8: for the decode step's mixer and down projections, whose parts the residual's
-    norm adds in no launch of their own, so more programs stream the weight at no second launch's cost). Not the dependent launch that asks for its weight early (``prefetch``): timed alone
-    it wins, in the engine's step it loses (the module's docstring). (Narrower swapped tiles, 32 or 16 weight rows by
+    norm adds in no launch of their own, so more programs stream the weight at no second launch's cost). Not the
+    dependent launch that asks for its weight early (``prefetch``): timed alone it wins, in the engine's step it loses (the module's docstring). (Narrower swapped tiles, 32 or 16 weight rows by
     descriptor, ran 1.2-1.5x slower on an H100: session 12.)"""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
