@@ -20,6 +20,14 @@ GDN_STEPS = ("split", "fused")
 # own) or "gemm" (a second launch of the gemm's). The same order and rounding either way: the same bits.
 SPLIT_SUMS = ("norm", "gemm")
 
+# The MLP's fused gate | up weight holds its gate and up rows a block of SWIGLU_BLOCK at a time (``FusedProjection(
+# block=)``, where the width is a multiple): a swapped decode gemm tile's 64 weight rows then hold the gate and the up
+# of the same 32 columns. Where the Triton decode step applies SiLU(gate) * up: "rows" (a launch of its own,
+# ``silu_mul``) or "gemm" (the gate | up gemm's own launch, as its tile's epilogue, where its configuration has such a
+# tile: ``decode_rows.gemm.swiglu``; elsewhere as "rows"). The same arithmetic and rounding either way: the same bits.
+SWIGLU_BLOCK = 32
+SWIGLU_STEPS = ("rows", "gemm")
+
 # The slot ledger's digests of the live slots a forward wrote: "tracked" (a memo per slot: a decode step's digest
 # reads conv and the rows since the slot's last digest, rec only in a new chunk or after another write:
 # ``ops.checksum.memo``) or "readback" (every digest reads the whole state, as a restore's or a clone's do).

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SNAPSHOT_ALIGN, SPLIT_SUMS, STATE_DIGESTS
+from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SNAPSHOT_ALIGN, SPLIT_SUMS, STATE_DIGESTS, SWIGLU_STEPS
 from mini_engine.faults import parse_faults
 
 __all__ = ["DONATE_POLICIES", "DTYPES", "KERNEL_CHOICES", "EngineConfig"]
@@ -61,6 +61,9 @@ class EngineConfig:
     # that norm ("norm": no launch of their own) or the gemm's second launch ("gemm"); the same bits
     # (constants.SPLIT_SUMS).
     decode_split_sums: str = "norm"
+    # Where the triton decode applies the MLP's SiLU(gate) * up: a launch of its own ("rows") or the gate | up gemm's
+    # own launch where its Triton tile holds a block of both ("gemm"); the same bits (constants.SWIGLU_STEPS).
+    decode_swiglu: str = "rows"
     # The triton decode's Triton kernels as programmatic dependent launches: each may start while the one before
     # still runs, and waits for it before it reads anything (the same bits). Needs a Hopper GPU (``ops.pdl``).
     # None: on wherever the device and the triton can (``runner.ModelRunner``), off elsewhere.
@@ -114,6 +117,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.decode_gdn={self.decode_gdn!r}; allowed: {GDN_STEPS}")
         if self.decode_split_sums not in SPLIT_SUMS:
             raise ValueError(f"EngineConfig.decode_split_sums={self.decode_split_sums!r}; allowed: {SPLIT_SUMS}")
+        if self.decode_swiglu not in SWIGLU_STEPS:
+            raise ValueError(f"EngineConfig.decode_swiglu={self.decode_swiglu!r}; allowed: {SWIGLU_STEPS}")
         if self.decode_pdl and (self.device != "cuda" or self.decode_kernels == "reference"):
             raise ValueError(f"EngineConfig.decode_pdl=True launches the triton decode's kernels on a GPU: it needs "
                              f"device='cuda' and decode_kernels 'triton' or 'auto'; got device={self.device!r}, "

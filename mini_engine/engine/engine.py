@@ -126,7 +126,7 @@ class Engine:
                                   cuda_graphs=config.cuda_graphs,
                                   decode_gemm=config.decode_gemm, decode_gdn=config.decode_gdn,
                                   decode_pdl=config.decode_pdl, decode_gemm_table=config.gemm_table(),
-                                  decode_split_sums=config.decode_split_sums)
+                                  decode_split_sums=config.decode_split_sums, decode_swiglu=config.decode_swiglu)
         self.cache.early_rows = self.runner.early_rows  # a restore's ledger digests land with the next forward's
         self.requests: dict[str, Request] = {}
         self.steps = 0

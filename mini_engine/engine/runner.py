@@ -71,7 +71,7 @@ class ModelRunner:
                  instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference",
                  prefill_path: str = "reference", cuda_graphs: bool = False, decode_gemm: str = "cublas",
                  decode_gdn: str = "split", decode_pdl: bool | None = None, decode_gemm_table: dict | None = None,
-                 decode_split_sums: str = "norm") -> None:
+                 decode_split_sums: str = "norm", decode_swiglu: str = "rows") -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)
@@ -86,7 +86,8 @@ class ModelRunner:
         if decode_pdl is None:  # where the device can: the same bits, a shorter step
             decode_pdl = decode_path == "triton" and refused is None
         self.decode_model = (DecodeModel(model, gemm=decode_gemm, gdn=decode_gdn, pdl=decode_pdl,
-                                         gemm_table=decode_gemm_table, split_sums=decode_split_sums)
+                                         gemm_table=decode_gemm_table, split_sums=decode_split_sums,
+                                         swiglu=decode_swiglu)
                              if decode_path == "triton" else None)
         # with a sink, each graph also replays the ledger's digests of its step (``step_digests``): no launch of
         # theirs from the host per step

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SPLIT_SUMS
+from mini_engine.constants import DECODE_GEMMS, GDN_STEPS, SPLIT_SUMS, SWIGLU_STEPS
 from mini_engine.device import upload
 from mini_engine.model.config import LINEAR, SNAPSHOT_ALIGN
 from mini_engine.ops import invariant as inv
@@ -103,6 +103,7 @@ class _LayerWeights(NamedTuple):
 
     in_proj: torch.Tensor  # GDN: qkv | z | b | a;  attention: q (with its gates) | k | v
     gate_up: torch.Tensor  # the MLP's gate | up
+    block: int | None  # gate_up's rows: gate and up alternate in blocks of this many (``FusedProjection(block=)``)
 
 
 class DecodeModel:
@@ -112,11 +113,13 @@ class DecodeModel:
     model's weight dtype and on its device, shared with the Triton prefill)."""
 
     def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split", pdl: bool = False,
-                 gemm_table: dict | None = None, split_sums: str = "norm") -> None:
+                 gemm_table: dict | None = None, split_sums: str = "norm", swiglu: str = "rows") -> None:
         if gemm not in DECODE_GEMMS:
             raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
         if split_sums not in SPLIT_SUMS:
             raise ValueError(f"split_sums must be one of {SPLIT_SUMS}; got {split_sums!r}")
+        if swiglu not in SWIGLU_STEPS:
+            raise ValueError(f"swiglu must be one of {SWIGLU_STEPS}; got {swiglu!r}")
         if gemm_table is not None and gemm != "tuned":
             raise ValueError(f"a gemm table is read by gemm='tuned' alone; got gemm={gemm!r}")
         if gdn not in GDN_STEPS:
@@ -125,6 +128,7 @@ class DecodeModel:
         self.gdn = gdn  # a GDN layer between its projections: three launches ("split") or one (``gdn_step``)
         self.pdl = pdl  # the step's Triton kernels as programmatic dependent launches (``ops.pdl``; sm_90 on)
         self.split_sums = split_sums  # who adds a split gemm's K parts that the residual's norm reads (``delta``)
+        self.swiglu = swiglu  # where the MLP's SiLU(gate) * up runs (``mlp``)
         self.layers = [_fuse(layer) for layer in model.model.layers]
         self.norm_eps = model.model.norm.eps
         self._gemms: dict[int, gemm_ops.GemmConfig] = {}  # id(weight) -> its Triton gemm; absent: inv.linear
@@ -175,6 +179,18 @@ class DecodeModel:
         return gemm_ops.linear(x, weight, rows=rows, config=config, unsummed=self.split_sums == "norm")
 
 
+    def mlp(self, x: torch.Tensor, weights: _LayerWeights, rows: int, out_dtype: torch.dtype) -> torch.Tensor:
+        """SiLU(gate) * up of the step's padded rows (``rows`` live) for the down projection, in ``out_dtype``: the
+        gate | up projection (``linear``) then ``silu_mul``'s launch, or with ``swiglu="gemm"`` the gemm's own launch
+        where its Triton tile holds a block of gate rows and of up rows (``gemm.fuses_swiglu``): the same bits."""
+        config = self._gemms.get(id(weights.gate_up))
+        if self.swiglu == "gemm" and gemm_ops.fuses_swiglu(config, weights.gate_up, weights.block):
+            return gemm_ops.swiglu(x, weights.gate_up, rows=rows, config=config, block=weights.block,
+                                   out_dtype=out_dtype)
+        return row_ops.silu_mul(gate_up=self.linear(x, weights.gate_up, rows), out_dtype=out_dtype, live=rows,
+                                block=weights.block)
+
+
 def _mixer_out(layer) -> torch.Tensor:
     """The layer's mixer's output projection's weight: the GDN's ``out_proj`` or attention's ``o_proj``."""
     return (layer.linear_attn.out_proj if layer.layer_type == LINEAR else layer.self_attn.o_proj).weight
@@ -183,7 +199,7 @@ def _mixer_out(layer) -> torch.Tensor:
 def _fuse(layer) -> _LayerWeights:
     """The layer's fused projections (``FusedProjection``): the same tensors the Triton prefill multiplies by."""
     in_proj = layer.linear_attn.in_proj if layer.layer_type == LINEAR else layer.self_attn.qkv
-    return _LayerWeights(in_proj.weight(), layer.mlp.gate_up.weight())
+    return _LayerWeights(in_proj.weight(), layer.mlp.gate_up.weight(), layer.mlp.gate_up.block)
 
 
 @torch.no_grad()
@@ -242,8 +258,7 @@ def _layers(dm: DecodeModel, pools: Pools, tokens: torch.Tensor, inputs: torch.T
         norm = layer.post_attention_layernorm
         h = row_ops.add_rms_norm(x=x, delta=delta, weight=norm.weight, eps=norm.eps, out_dtype=weights.gate_up.dtype,
                                  live=n)
-        act = row_ops.silu_mul(gate_up=dm.linear(h, weights.gate_up, n), out_dtype=layer.mlp.down_proj.weight.dtype,
-                               live=n)
+        act = dm.mlp(h, weights, n, out_dtype=layer.mlp.down_proj.weight.dtype)
         delta = dm.delta(act, layer.mlp.down_proj.weight, n)
     head = model.head_weight
     h = row_ops.add_rms_norm(x=x, delta=delta, weight=model.model.norm.weight, eps=dm.norm_eps, out_dtype=head.dtype,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mini_engine.constants import SWIGLU_BLOCK
 from mini_engine.model import kernels as ops
 from mini_engine.model.config import ModelConfig
 from mini_engine.ops import invariant as inv
@@ -31,22 +32,35 @@ class FusedProjection:
     The concatenation is a copy, made on first use and again whenever a part's weight changes: a new tensor,
     dtype or device, or an in-place write to the parameter (``load_state_dict``, an optimizer step). A write
     through ``.data`` bypasses torch's version counter and is not seen. Not an ``nn.Module``: it holds no
-    parameter of its own, so state dicts and checkpoints do not see it."""
+    parameter of its own, so state dicts and checkpoints do not see it.
 
-    def __init__(self, *parts: nn.Linear) -> None:
-        self.parts = parts
+    ``block``: two parts of one width (a multiple of ``block``) taken ``block`` rows at a time, the first's then the
+    second's (the MLP's gate | up: ``silu_mul(block=)`` reads such an output, and a gemm tile of ``2 * block`` weight
+    rows then holds a block of both, so the gemm's own launch can apply the activation: ``decode_rows.gemm.swiglu``).
+    A column's bits are its row's, wherever the row sits."""
+
+    def __init__(self, *parts: nn.Linear, block: int | None = None) -> None:
+        widths = [p.weight.shape[0] for p in parts]
+        if block is not None and (len(parts) != 2 or widths[0] != widths[1] or block <= 0 or widths[0] % block):
+            raise ValueError(f"FusedProjection(block={block}) interleaves two parts of one width, a multiple of "
+                             f"block; got widths {widths}")
+        self.parts, self.block = parts, block
         self._key: tuple | None = None
         self._weight: torch.Tensor | None = None
 
     @property
     def widths(self) -> list[int]:
-        """Each part's output width, in order: how to split the fused result."""
+        """Each part's output width, in order: how to split the fused result (without ``block``)."""
         return [p.weight.shape[0] for p in self.parts]
 
     def weight(self) -> torch.Tensor:
         key = tuple((p.weight.data_ptr(), p.weight._version, p.weight.dtype, p.weight.device) for p in self.parts)
         if key != self._key:
-            self._weight = torch.cat([p.weight.detach() for p in self.parts])
+            parts = [p.weight.detach() for p in self.parts]
+            if self.block is None:
+                self._weight = torch.cat(parts)
+            else:  # [n // block, 2, block, K]: block i of the first part, then block i of the second
+                self._weight = torch.stack([w.unflatten(0, (-1, self.block)) for w in parts], 1).flatten(0, 2)
             self._key = key
         return self._weight
 
@@ -81,7 +95,9 @@ class SwiGLU(nn.Module):
         self.gate_proj = new_linear(hidden, intermediate)
         self.up_proj = new_linear(hidden, intermediate)
         self.down_proj = new_linear(intermediate, hidden)
-        self.gate_up = FusedProjection(self.gate_proj, self.up_proj)
+        # gate and up a block of rows at a time where the width allows (a decode gemm's tile then holds both)
+        self.gate_up = FusedProjection(self.gate_proj, self.up_proj,
+                                       block=SWIGLU_BLOCK if intermediate % SWIGLU_BLOCK == 0 else None)
 
     def forward(self, x: torch.Tensor, kernels: str = "reference") -> torch.Tensor:
         """``kernels``: the projections' implementation (``mini_engine.model.kernels``); "triton" computes gate
@@ -89,7 +105,8 @@ class SwiGLU(nn.Module):
         if kernels == "triton":
             from mini_engine.ops.decode_rows.triton import silu_mul
 
-            hidden = silu_mul(gate_up=ops.linear(kernels, x, self.gate_up.weight()), out_dtype=torch.float32)
+            hidden = silu_mul(gate_up=ops.linear(kernels, x, self.gate_up.weight()), out_dtype=torch.float32,
+                              block=self.gate_up.block)
         else:
             gate, up = ops.linear(kernels, x, self.gate_proj.weight), ops.linear(kernels, x, self.up_proj.weight)
             hidden = inv.silu(gate) * up

@@ -148,6 +148,23 @@ def test_a_split_gemms_parts_added_by_the_norm_on_the_gpu(dependent):
                           down=down, dependent=dependent)
 
 
+@pytest.mark.parametrize("dependent", [False, True])
+def test_silu_mul_in_the_gate_up_gemms_launch_on_the_gpu(dependent):
+    """SiLU(gate) * up in the gate | up gemm's epilogue gives ``silu_mul``'s own launch's bits on the GPU too (the two
+    kernels compiled apart share its arithmetic): four bfloat16 steps, the gate | up as the swapped TMA tile the
+    packaged tables choose for it, plain launches and (Hopper on) every kernel a dependent launch."""
+    import torch
+
+    from mini_engine.ops import pdl
+    from mini_engine.ops.decode_rows import gemm
+
+    if dependent and pdl.supported("cuda"):
+        pytest.skip(pdl.supported("cuda"))
+    config = gemm.GemmConfig(64, 128, swap=True, tma=True, pdl=dependent)
+    spec.check_swiglu(build_builtin("tiny-random").cuda().cast_projections(torch.bfloat16), CudaDevice(), steps=4,
+                      config=config, dependent=dependent)
+
+
 def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
     """Each GDN layer's conv, replay and norm in one launch (whole-head tiles): the split steps' logits and pools to
     rounding over four steps (chunk completions, running copies), and the one-launch kernel against its chain."""

@@ -115,6 +115,44 @@ def test_sigmoid_mul_and_silu_mul(out_dtype):
            reference.silu_mul(gate_up=gate_up, out_dtype=out_dtype))
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16], ids=str)
+def test_silu_mul_of_gate_and_up_in_blocks(out_dtype):
+    """``block``: gate and up alternate in blocks of columns (``FusedProjection(block=)``); the activation of each
+    column is the one of the same gate and up side by side, bit for bit; padding rows zero; a width that is not a
+    multiple of two blocks is refused by name."""
+    gen = torch.Generator().manual_seed(6)
+    gate, up = randn(ROWS, 96, gen=gen), randn(ROWS, 96, gen=gen)
+    blocked = torch.stack([gate.unflatten(1, (-1, 32)), up.unflatten(1, (-1, 32))], 2).flatten(1)
+    got = kernels.silu_mul(gate_up=blocked, out_dtype=out_dtype, live=BATCH, block=32)
+    assert torch.equal(got[:BATCH], kernels.silu_mul(gate_up=torch.cat([gate, up], 1), out_dtype=out_dtype)[:BATCH])
+    assert not got[BATCH:].any()
+    _close(got[:BATCH], reference.silu_mul(gate_up=blocked[:BATCH], out_dtype=out_dtype, block=32))
+    with pytest.raises(ValueError, match="multiple of 2 \\* block"):
+        kernels.silu_mul(gate_up=blocked[:, :160], out_dtype=out_dtype, block=32)
+
+
+def test_a_gemm_that_applies_silu_mul_gives_the_two_launches_bits():
+    """``gemm.swiglu``: the gate | up gemm with SiLU(gate) * up in its tile's epilogue, by address and by descriptor,
+    against the gemm then ``silu_mul`` (two launches) bit for bit, its padding rows zero; configurations whose tile
+    does not hold a block of gate and of up (split K, another block) are refused by name, and ``fuses_swiglu``
+    says which do."""
+    gen = torch.Generator().manual_seed(7)
+    weight = (randn(256, 64, gen=gen) / 8).to(torch.float16)  # gate | up of 128 columns in blocks of 32
+    x = torch.zeros(32, 64, dtype=torch.float16)
+    x[:18] = randn(18, 64, gen=gen).to(torch.float16)
+    for config in (gemm.GemmConfig(64, 32, swap=True), gemm.GemmConfig(64, 16, swap=True, tma=True)):
+        assert gemm.fuses_swiglu(config, weight, 32)
+        got = gemm.swiglu(x, weight, rows=18, config=config, block=32, out_dtype=torch.float16)
+        two = kernels.silu_mul(gate_up=gemm.linear(x, weight, rows=18, config=config), out_dtype=torch.float16,
+                               live=18, block=32)
+        assert got.shape == (32, 128) and torch.equal(got, two) and not got[18:].any(), config
+    for config, block in ((gemm.GemmConfig(64, 16, split_k=2, swap=True), 32), (gemm.GemmConfig(64, 32, swap=True), 16),
+                          (gemm.GemmConfig(64, 32), 32)):
+        assert not gemm.fuses_swiglu(config, weight, block)
+        with pytest.raises(ValueError, match="swiglu applies"):
+            gemm.swiglu(x, weight, rows=18, config=config, block=block, out_dtype=torch.float16)
+
+
 def test_bad_shapes_are_refused():
     """A residual stream that is not float32, or rows narrower than the heads need, is an error that says so."""
     with pytest.raises(ValueError, match="float32"):

@@ -260,6 +260,44 @@ def test_a_split_gemms_parts_added_by_the_norm_give_the_second_launchs_bits(two_
     check_split_sums(copy.deepcopy(two_layer_model).cast_projections(torch.float16), SimDevice())
 
 
+def check_swiglu(model, device, *, steps: int = 2, config=None, dependent: bool = False) -> None:
+    """``steps`` decode steps of a 16-bit ``model`` whose gate | up projections run the swapped tile (``config``;
+    default by address), SiLU(gate) * up in that gemm's launch (``DecodeModel(swiglu="gemm")``) against in
+    ``silu_mul``'s ("rows"), the step's kernels as dependent launches or not: the logits and every pool bit for bit,
+    and ``silu_mul`` launched by "rows" alone, once a layer and step."""
+    from mini_engine.ops.decode_rows import gemm
+    from mini_engine.ops.decode_rows import triton as row_ops
+
+    config = config or gemm.GemmConfig(64, 32, swap=True)
+    silu_mul, runs = row_ops.silu_mul, []
+    for swiglu in ("gemm", "rows"):
+        decoder = DecodeModel(model, gemm="triton", swiglu=swiglu, pdl=dependent)
+        for weights in decoder.layers:
+            assert weights.block == 32 and gemm.fuses_swiglu(config, weights.gate_up, weights.block)
+            decoder._gemms[id(weights.gate_up)] = config
+        launched = []
+
+        def spy(launched=launched, **kwargs):
+            launched.append(kwargs["gate_up"].shape)
+            return silu_mul(**kwargs)
+
+        row_ops.silu_mul = spy
+        try:
+            runs.append((*_decoded(model, device, decoder, steps), launched))
+        finally:
+            row_ops.silu_mul = silu_mul
+    (got, got_pools, fused), (want, want_pools, launched) = runs
+    assert not fused and len(launched) == len(model.model.layers) * steps
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"step {step}"
+    for name, a, b in zip(Pools._fields, got_pools, want_pools):
+        assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink
+
+
+def test_silu_mul_in_the_gate_up_gemms_launch_gives_its_own_launchs_bits(two_layer_model):
+    check_swiglu(copy.deepcopy(two_layer_model).cast_projections(torch.float16), SimDevice())
+
+
 def test_bad_slots_are_refused(tiny_model):
     pools = Pools(*(torch.zeros(1) for _ in range(5)))
     with pytest.raises(ValueError, match="distinct live slots"):

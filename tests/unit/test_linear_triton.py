@@ -38,6 +38,18 @@ def test_a_fused_projection_follows_its_parts():
     assert fused.weight().dtype == torch.float16 and not fused.weight().requires_grad
 
 
+def test_a_fused_projection_in_blocks_alternates_its_two_parts():
+    """``block``: rows 0-3 of the first part, rows 0-3 of the second, rows 4-7 of the first, ...; widths that are not
+    two equal multiples of the block are refused by name."""
+    a, b = nn.Linear(8, 12, bias=False), nn.Linear(8, 12, bias=False)
+    fused = FusedProjection(a, b, block=4).weight()
+    want = torch.cat([w[i : i + 4] for i in range(0, 12, 4) for w in (a.weight, b.weight)])
+    assert torch.equal(fused, want)
+    for parts, block in (((a, nn.Linear(8, 8, bias=False)), 4), ((a, b), 5), ((a,), 4)):
+        with pytest.raises(ValueError, match="FusedProjection\\(block="):
+            FusedProjection(*parts, block=block)
+
+
 def test_config_depends_on_the_weight_alone():
     """The batch-invariance contract: the tiles are fixed by the weight's dtype and width, never by rows."""
     assert config_for(torch.bfloat16, 1024) == LinearConfig(64, 128, 64)

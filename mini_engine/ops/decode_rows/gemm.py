@@ -55,10 +55,10 @@ import triton.language as tl
 
 from mini_engine.ops import invariant as inv
 from mini_engine.ops import pdl
-from mini_engine.ops.decode_rows.triton import Parts
+from mini_engine.ops.decode_rows.triton import Parts, silu_times
 
-__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "graph_microseconds", "linear", "past_l2", "rank",
-           "rank_by_batch"]
+__all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "fuses_swiglu", "graph_microseconds", "linear", "past_l2",
+           "rank", "rank_by_batch", "swiglu"]
 
 BLOCK_M = 16  # rows per program, fixed whatever the batch
 
@@ -125,7 +125,7 @@ def _prefetch(weight, cols, N, k0, columns, w_stride):
 @triton.jit(do_not_specialize=["n_live"])
 def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final,
                     counters, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PREFETCH: tl.constexpr = 0, SWIGLU: tl.constexpr = False,
                     PDL: tl.constexpr = False):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
@@ -145,7 +145,11 @@ def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, ou
     those bytes come from memory while the kernel before still runs. Nothing reaches the program before the wait:
     the L2 is where every SM's writes land, so a line fetched early is still the latest when the program reads it
     (and the weights are the step's constants, which nothing writes). Everything is read after the wait, as
-    without it."""
+    without it.
+
+    With SWIGLU (K whole) the tile's BLOCK_N weight rows are BLOCK_N / 2 gate rows then the up rows of the same
+    columns (``FusedProjection(block=BLOCK_N // 2)``), and ``out`` [P, N / 2] gets SiLU(gate) * up of them: the
+    tile rounded to x's dtype as its store would, then ``silu_mul``'s arithmetic, rounded to ``out``'s dtype."""
     tile_m, tile_n, part, rows, cols, col_ok = _program_tile(N, BLOCK_M, BLOCK_N)
     live = tile_m * BLOCK_M < n_live  # a tile past the batch holds padding rows alone: zeros, no weight read
     if PREFETCH > 0 and PDL:  # noqa: SIM102 (a constexpr: compiled out, apart from the live check at run time)
@@ -168,8 +172,15 @@ def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, ou
                 w_tile += BLOCK_K
             acc = tl.dot(b, tl.load(x_tile), acc)
             x_tile += BLOCK_K
-    target = out + part.to(tl.int64) * part_stride + rows.to(tl.int64)[None, :] * out_stride + cols[:, None]
-    tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[:, None])
+    if SWIGLU:
+        rounded = acc.to(x.dtype.element_ty).to(tl.float32)
+        gate, up = tl.split(tl.permute(tl.reshape(rounded, [2, BLOCK_N // 2, BLOCK_M]), [1, 2, 0]))
+        act_cols = tile_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out + rows.to(tl.int64)[None, :] * out_stride + act_cols[:, None],
+                 silu_times(gate, up).to(out.dtype.element_ty))
+    else:
+        target = out + part.to(tl.int64) * part_stride + rows.to(tl.int64)[None, :] * out_stride + cols[:, None]
+        tl.store(target, acc.to(out.dtype.element_ty), mask=col_ok[:, None])
     if FUSED_SUM:
         tile = counters + tile_m * tl.num_programs(1) + tile_n
         tl.debug_barrier()  # every thread's part stored before the count that publishes it (release, gpu scope)
@@ -232,6 +243,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     ``unsummed``: a split's K parts are returned as they are (``Parts``, float32 [split, P, N]) for the kernel that
     reads them to add (``decode_rows.add_rms_norm``, which adds them as the second launch would: the same bits), so
     the split costs no launch of its own. A configuration without a second launch returns its output as ever."""
+    return _gemm(x, weight, rows, config or configs(*weight.shape)[0], unsummed=unsummed)
+
+
+def fuses_swiglu(config: GemmConfig | None, weight: torch.Tensor, block: int | None) -> bool:
+    """Whether ``swiglu`` runs ``config`` for ``weight``, an MLP's gate | up taken ``block`` rows at a time
+    (``FusedProjection(block=)``): the swapped tile over all of K whose weight rows are a block of gate and of up."""
+    return (config is not None and block is not None and config.swap and config.split_k == 1
+            and config.block_n == 2 * block and weight.shape[0] % config.block_n == 0)
+
+
+def swiglu(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConfig, block: int,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """``silu_mul(gate_up=linear(x, weight, rows=rows, config=config), out_dtype=out_dtype, live=rows, block=block)``
+    in the gemm's one launch, with its bits: [P, N / 2] in ``out_dtype``, rows past ``rows`` zero. ``weight``: the
+    MLP's gate | up as ``FusedProjection(block=block)`` lays it out; ``config``: one that ``fuses_swiglu``."""
+    if not fuses_swiglu(config, weight, block):
+        raise ValueError(f"swiglu applies SiLU(gate) * up in the swapped tile's epilogue: it needs swap=True, split_k=1 "
+                         f"and block_n = 2 * block dividing the weight's {weight.shape[0]} rows; got {config}, "
+                         f"block={block}")
+    return _gemm(x, weight, rows, config, act_dtype=out_dtype)
+
+
+def _gemm(x: torch.Tensor, weight: torch.Tensor, rows: int, config: GemmConfig, *, unsummed: bool = False,
+          act_dtype: torch.dtype | None = None) -> torch.Tensor | Parts:
+    """``linear``'s launches; with ``act_dtype``, ``swiglu``'s."""
     if weight.dtype not in (torch.float16, torch.bfloat16) or x.dtype != weight.dtype:
         raise ValueError(f"linear takes a 16-bit weight and input of its dtype; got {x.dtype} x {weight.dtype}")
     padded, n_in = x.shape
@@ -241,7 +277,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     if padded % BLOCK_M or not 0 <= rows <= padded:
         raise ValueError(f"x must have a multiple of {BLOCK_M} rows and rows in [0, {padded}]; got {padded} and {rows}")
     n_out = weight.shape[0]
-    config = config or configs(n_out, n_in)[0]
     if n_in % (config.block_k * config.split_k):
         raise ValueError(f"block_k={config.block_k} x split_k={config.split_k} must divide in_features={n_in}")
     if config.tma and not (config.swap and weight.data_ptr() % 16 == 0):
@@ -257,13 +292,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     if config.prefetch and not (config.pdl and config.prefetch > 0 and config.prefetch % 8 == 0):
         raise ValueError(f"prefetch=N asks the L2 for N columns of each weight row before a dependent launch's wait: "
                          f"it needs pdl=True and N a positive multiple of 8 (whole 16-byte pieces); got {config}")
-    out = x.new_empty(padded, n_out)
+    out = x.new_empty(padded, n_out) if act_dtype is None else x.new_empty(padded, n_out // 2, dtype=act_dtype)
     if not padded:
         return out
     split = config.split_k
     parts = out if split == 1 else torch.empty(split, padded, n_out, dtype=torch.float32, device=x.device)
     grid = (padded // BLOCK_M, triton.cdiv(n_out, config.block_n), split)
-    shared = (n_out, n_in // split, x.stride(0), weight.stride(0), n_out, 0 if split == 1 else parts.stride(0))
+    shared = (n_out, n_in // split, x.stride(0), weight.stride(0), out.stride(0), 0 if split == 1 else parts.stride(0))
     blocks = {"BLOCK_M": BLOCK_M, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
               "num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.swap:
@@ -277,7 +312,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
         dependent = pdl.options(always=config.pdl)
         counters = _counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
         _swapped_kernel[grid](x, w, weight, parts, rows, *shared, out, counters, TMA=config.tma, SPLIT=split,
-                              FUSED_SUM=config.fused_sum, PREFETCH=config.prefetch, **blocks, **dependent)
+                              FUSED_SUM=config.fused_sum, PREFETCH=config.prefetch, SWIGLU=act_dtype is not None,
+                              **blocks, **dependent)
     else:
         _linear_kernel[grid](x, weight, parts, rows, *shared, SPLIT=split, **blocks, **pdl.options())
     if split > 1 and not config.fused_sum:

@@ -91,9 +91,14 @@ def sigmoid_mul(*, attn: torch.Tensor, qkv: torch.Tensor, heads: int, head_dim: 
     return _padded((attn.float() * inv.sigmoid(gate)).reshape(batch, heads * head_dim), rows, out_dtype)
 
 
-def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """``silu(gate) * up`` for gate_up [rows, 2I] = [gate | up] -> [rows, I]."""
-    gate, up = gate_up.float().chunk(2, dim=-1)
+def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype, block: int | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` for gate_up [rows, 2I] = [gate | up] -> [rows, I]; with ``block``, gate and up alternate
+    in blocks of ``block`` columns (``FusedProjection(block=)``)."""
+    if block is None:
+        gate, up = gate_up.float().chunk(2, dim=-1)
+    else:
+        gate, up = gate_up.float().unflatten(-1, (-1, 2, block)).unbind(-2)
+        gate, up = gate.flatten(-2), up.flatten(-2)
     return (inv.silu(gate) * up).to(out_dtype)
 
 

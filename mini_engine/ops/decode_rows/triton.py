@@ -146,9 +146,17 @@ def _sigmoid_mul_kernel(attn, qkv, qkv_stride, out, out_stride, batch, HQ, D: tl
     tl.store(out + r * out_stride + h * D + d, (a * _sigmoid(gate)).to(out.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def silu_times(gate, up):
+    """SiLU(gate) * up in float32 (``silu_mul``'s arithmetic, which the gemm's epilogue shares: the same bits)."""
+    return gate * _sigmoid(gate) * up
+
+
 @triton.jit(do_not_specialize=["live"])  # one compile for every batch size
-def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, live, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """Row r's column block; rows from ``live`` on are padding: zeros, nothing read."""
+def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, live, BLOCK: tl.constexpr, PAIRED: tl.constexpr = 0,
+                     PDL: tl.constexpr = False):
+    """Row r's column block; rows from ``live`` on are padding: zeros, nothing read. PAIRED > 0: gate and up
+    alternate in blocks of PAIRED columns."""
     pdl.begin(PDL)
     r, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
@@ -156,9 +164,14 @@ def _silu_mul_kernel(gate_up, in_stride, out, out_stride, n_cols, live, BLOCK: t
     if r >= live:
         tl.store(out + r * out_stride + cols, tl.zeros([BLOCK], out.dtype.element_ty), mask=ok)
         return
-    gate = tl.load(gate_up + r * in_stride + cols, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(gate_up + r * in_stride + n_cols + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out + r * out_stride + cols, (gate * _sigmoid(gate) * up).to(out.dtype.element_ty), mask=ok)
+    if PAIRED > 0:
+        gate_cols = cols // PAIRED * (2 * PAIRED) + cols % PAIRED
+        up_cols = gate_cols + PAIRED
+    else:
+        gate_cols, up_cols = cols, n_cols + cols
+    gate = tl.load(gate_up + r * in_stride + gate_cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gate_up + r * in_stride + up_cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out + r * out_stride + cols, silu_times(gate, up).to(out.dtype.element_ty), mask=ok)
 
 
 def _rows_of(t: torch.Tensor, name: str, cols: int) -> None:
@@ -250,16 +263,20 @@ def sigmoid_mul(*, attn: torch.Tensor, qkv: torch.Tensor, heads: int, head_dim: 
     return out
 
 
-def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype, live: int | None = None) -> torch.Tensor:
-    """``SiLU(gate) * up`` of ``gate_up`` [rows, 2n] (gate | up: the MLP's fused projection, ``FusedProjection``);
+def silu_mul(*, gate_up: torch.Tensor, out_dtype: torch.dtype, live: int | None = None,
+             block: int | None = None) -> torch.Tensor:
+    """``SiLU(gate) * up`` of ``gate_up`` [rows, 2n] (gate | up: the MLP's fused projection, ``FusedProjection``;
+    with ``block``, gate and up alternate in blocks of ``block`` columns, as ``FusedProjection(block=)`` lays them);
     rows from ``live`` on are padding (default: none): zeros, not read."""
     rows, width = gate_up.shape
     _rows_of(gate_up, "gate_up", width)
+    if block is not None and (block <= 0 or width % (2 * block)):
+        raise ValueError(f"silu_mul(block={block}) needs a gate_up width that is a multiple of 2 * block; got {width}")
     n_cols = width // 2
     out = gate_up.new_empty(rows, n_cols, dtype=out_dtype)
-    block = min(1024, triton.next_power_of_2(n_cols))
+    tile = min(1024, triton.next_power_of_2(n_cols))
     if rows:
-        _silu_mul_kernel[(rows, triton.cdiv(n_cols, block))](gate_up, gate_up.stride(0), out, out.stride(0), n_cols,
-                                                              rows if live is None else live, BLOCK=block,
-                                                              **pdl.options())
+        _silu_mul_kernel[(rows, triton.cdiv(n_cols, tile))](gate_up, gate_up.stride(0), out, out.stride(0), n_cols,
+                                                             rows if live is None else live, BLOCK=tile,
+                                                             PAIRED=block or 0, **pdl.options())
     return out
