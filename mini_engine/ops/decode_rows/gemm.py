@@ -17,6 +17,13 @@ gemms in one graph 652 us against 709, H100, session 13), and ``DecodeModel(pdl=
 gemm of the step so. A split whose parts the tile's last program adds in the same launch (``fused_sum``) is
 not offered: it won one shape of six, by address, where the whole-K TMA tile was faster still.
 
+The swapped tile over all of K may also apply the MLP's activation to what it computes (``swiglu``): the gate | up
+weight holds its gate and up rows 32 at a time (``FusedProjection(block=32)``), so a tile's 64 weight rows are the
+gate and the up of the same 32 columns, and its epilogue stores SiLU(gate) * up (``silu_mul``'s arithmetic on the
+tile rounded as its store would round it: the same bits) where a second launch would. Only the epilogue changes: the
+loads and dots stream as before (an activation between them, in the down projection's input tiles, had cost the TMA
+tile its pipelining: 11 us a projection on an H100, session 12).
+
 Such a launch may also ask the L2 for its weight rows before its wait (``prefetch``), so the bytes it streams start
 coming while the kernel before still runs, where the wait alone overlaps only the launch. It is not among the
 candidates: in a graph of one shape's gemms it is faster for the 1,024-wide outputs (H100, session 21: 4.8 -> 3.9
