@@ -83,7 +83,9 @@ CLASSES = {
     "swiglu": [("rows", "silu_mul", lambda *, gate_up, out_dtype, **_: _empty(gate_up.shape[0], gate_up.shape[1] // 2,
                                                                              out_dtype, gate_up.device))],
     "gdn": [(decode_module, "conv_gdn_rows", lambda **_: None),
-            (gdn_decode, "pending_replay_decode_triton", lambda **_: None),
+            (gdn_decode, "pending_replay_decode_triton",  # (with the output norm: decode_gdn="two")
+             lambda *, z=None, out_rows=None, out_dtype=None, **_: None if z is None else _empty(out_rows, z.shape[1],
+                                                                                                 out_dtype, z.device)),
             ("rows", "gated_rms_norm",
              lambda *, z, rows, out_dtype, **_: _empty(rows, z.shape[1], out_dtype, z.device)),
             (decode_module, "gdn_step", lambda *, z, out_rows, out_dtype, **_: _empty(out_rows, z.shape[1], out_dtype,

@@ -28,8 +28,10 @@ launches), ``graphs-bf16`` (the same with bfloat16 projections: ``EngineConfig.d
 programmatic dependent launches: ``EngineConfig.decode_pdl``; a Hopper GPU), ``graphs-bf16-default`` (the
 engine's defaults: ``decode_gemm="tuned"``, the gemms measured ahead of time for this GPU model, and dependent
 launches where the GPU can), ``graphs-bf16-gemm-sums`` (the defaults with a split gemm's K parts added by a launch of
-its own, not by the norm that reads them: ``EngineConfig.decode_split_sums``), ``graphs-bf16-swiglu-gemm`` (the
-defaults with the MLP's SiLU(gate) * up in the gate | up gemm's own launch: ``EngineConfig.decode_swiglu``),
+its own, not by the norm that reads them: ``EngineConfig.decode_split_sums``), ``graphs-bf16-swiglu-rows`` (the
+defaults with the MLP's SiLU(gate) * up in a launch of its own, not in the gate | up gemm's:
+``EngineConfig.decode_swiglu``), ``graphs-bf16-gdn2`` (the defaults with each GDN layer's output norm in its replay's
+launch: ``decode_gdn="two"``),
 ``triton`` (the step launched eagerly) and ``reference`` (through ``HybridModel.forward``). Each
 row's roofline is one read of the weights in its own dtype. ``--profile FILE`` writes torch.profiler's
 tables of one run per variant at ``--profile-batch`` (default the largest; where a step's time goes), and with
@@ -93,9 +95,12 @@ VARIANTS = {"graphs": _PLAIN,
             # the same with a split gemm's parts added by its own second launch, not by the norm that reads them
             "graphs-bf16-gemm-sums": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
                                       "decode_split_sums": "gemm"},
-            # the same with the MLP's activation in the gate | up gemm's launch, not a launch of its own
-            "graphs-bf16-swiglu-gemm": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
-                                        "decode_swiglu": "gemm"},
+            # ... with the MLP's activation in a launch of its own, not in the gate | up gemm's
+            "graphs-bf16-swiglu-rows": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
+                                        "decode_swiglu": "rows"},
+            # ... with each GDN layer's output norm in its replay's launch
+            "graphs-bf16-gdn2": {"decode_kernels": "triton", "cuda_graphs": True, "dtype": "bfloat16",
+                                 "decode_gdn": "two"},
             "triton": {**_PLAIN, "cuda_graphs": False},
             "reference": {"decode_kernels": "reference"}}
 # the defaults with ``--gemm-table``'s decode gemm table in the package's place (``EngineConfig.decode_gemm_table``)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement of benchmarks/RESULTS.md, in parts that each fit one 10-minute device call.
 #
-#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | attention | attention-ab | sums | swiglu | tune | retune | gemms |
+#   scripts/gpu.sh PART OUT_DIR       PART: priority | second | ab | attention | attention-ab | sums | folds | tune | retune | gemms |
 #                                           diagnose | regressions | tests | exactness | faults | engine | decode | anatomy |
 #                                           prefill | kernels
 #
@@ -38,10 +38,12 @@
 #              benchmarks/gpu_engine.py's defaults, the defaults with the gemm's own sums, and the defaults with that
 #              ranking (batch 1 and 32, the roofline; each row prints its runs' token digest: the first two must
 #              agree); then the cold-vs-hit divergence with the defaults (hit_divergence.py, 0.8B shape, bfloat16)
-#   swiglu     the MLP's SiLU(gate) * up in the gate | up gemm's launch (EngineConfig.decode_swiglu="gemm") against a
-#              launch of its own ("rows", the default): the decode step's GPU tests of it (the same bits), then in one
-#              process benchmarks/gpu_engine.py's defaults and the defaults with "gemm", twice each, alternating (batch
-#              1 and 32, the roofline; each row prints its runs' token digest: all must agree)
+#   folds      launches folded into their neighbours': the MLP's SiLU(gate) * up in the gate | up gemm's launch
+#              (EngineConfig.decode_swiglu="gemm", the default), a GDN layer's output norm in its replay's
+#              (decode_gdn="two"), a split gemm's parts added by the norm (decode_split_sums="norm", the default): the
+#              decode step's GPU tests of them (the same bits as the launches they fold), then in one process
+#              benchmarks/gpu_engine.py's defaults, the defaults with each fold undone or made, and the defaults
+#              again (batch 1 and 32, the roofline; each row prints its runs' token digest: all must agree)
 #   tune       scripts/tune_decode_gemms.py: this GPU's decode gemm choices (decode_gemm="tuned"), merged into a copy of the
 #              package's table in OUT_DIR/tuned_gemms.json; copy it over mini_engine/ops/decode_rows/tuned_gemms.json, then
 #              run tests to check the table on this GPU
@@ -101,11 +103,11 @@
 # one cannot eat the next; logs and JSON land in OUT_DIR (flat: what a device call brings back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-part="${1:?usage: scripts/gpu.sh priority|second|ab|attention|attention-ab|sums|swiglu|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels OUT_DIR}"
+part="${1:?usage: scripts/gpu.sh priority|second|ab|attention|attention-ab|sums|folds|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels OUT_DIR}"
 out="${2:?usage: scripts/gpu.sh PART OUT_DIR}"
 case "$part" in
-    priority|second|ab|attention|attention-ab|sums|swiglu|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels) ;;
-    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | attention | attention-ab | sums | swiglu | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
+    priority|second|ab|attention|attention-ab|sums|folds|tune|retune|gemms|diagnose|regressions|tests|exactness|faults|engine|decode|anatomy|prefill|kernels) ;;
+    *) echo "gpu.sh: unknown part '$part' (priority | second | ab | attention | attention-ab | sums | folds | tune | retune | gemms | diagnose | regressions | tests | exactness | faults | engine |" \
             "decode | anatomy | prefill | kernels)" >&2
        exit 2 ;;
 esac
@@ -231,11 +233,12 @@ sys.exit(torch.cuda.get_device_name() not in tuned.load())"; then
         batch1_retune 200 230 graphs-bf16-default graphs-bf16-gemm-sums
         step 120 sums_divergence python3 benchmarks/hit_divergence.py --device cuda --models qwen3.5-0.8b-shaped-random \
             --dtypes bfloat16 --requests 32 --max-tokens 12 --explain --out "$out/sums_hit_divergence.json" ;;
-    swiglu)
-        step 150 swiglu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py -k "silu_mul"
-        step 200 swiglu_decode python3 benchmarks/gpu_engine.py --variants graphs-bf16-default \
-            graphs-bf16-swiglu-gemm graphs-bf16-default graphs-bf16-swiglu-gemm --hf-dtype --vocab 248320 \
-            --out "$out/swiglu_decode.json" ;;
+    folds)
+        step 150 folds_tests python3 -m pytest -q -p no:cacheprovider tests/gpu/test_decode_step_cuda.py \
+            -k "silu_mul or gdn or split_gemms"
+        step 240 folds_decode python3 benchmarks/gpu_engine.py --variants graphs-bf16-default \
+            graphs-bf16-swiglu-rows graphs-bf16-gdn2 graphs-bf16-gemm-sums graphs-bf16-default \
+            --hf-dtype --vocab 248320 --out "$out/folds_decode.json" ;;
     retune)
         batch1_retune 330 240 graphs-bf16-default ;;
     gemms)

@@ -56,14 +56,15 @@ class EngineConfig:
     # place: a GPU model the package does not list, tuned where it runs, or a re-tuning tried before it replaces the
     # package's. None: the package's.
     decode_gemm_table: str | None = None
-    decode_gdn: str = "split"  # the triton decode's Gated DeltaNet layers: three launches or one (constants.GDN_STEPS)
+    # The triton decode's Gated DeltaNet layers: three launches, two or one (constants.GDN_STEPS).
+    decode_gdn: str = "split"
     # Who adds the K parts of a triton decode gemm that splits K, where the residual stream's norm reads its output:
     # that norm ("norm": no launch of their own) or the gemm's second launch ("gemm"); the same bits
     # (constants.SPLIT_SUMS).
     decode_split_sums: str = "norm"
-    # Where the triton decode applies the MLP's SiLU(gate) * up: a launch of its own ("rows") or the gate | up gemm's
-    # own launch where its Triton tile holds a block of both ("gemm"); the same bits (constants.SWIGLU_STEPS).
-    decode_swiglu: str = "rows"
+    # Where the triton decode applies the MLP's SiLU(gate) * up: the gate | up gemm's own launch where its Triton tile
+    # holds a block of both ("gemm"), or a launch of its own ("rows"); the same bits (constants.SWIGLU_STEPS).
+    decode_swiglu: str = "gemm"
     # The triton decode's Triton kernels as programmatic dependent launches: each may start while the one before
     # still runs, and waits for it before it reads anything (the same bits). Needs a Hopper GPU (``ops.pdl``).
     # None: on wherever the device and the triton can (``runner.ModelRunner``), off elsewhere.

@@ -71,7 +71,7 @@ class ModelRunner:
                  instrumentation: Instrumentation, track_writer: bool = True, decode_path: str = "reference",
                  prefill_path: str = "reference", cuda_graphs: bool = False, decode_gemm: str = "cublas",
                  decode_gdn: str = "split", decode_pdl: bool | None = None, decode_gemm_table: dict | None = None,
-                 decode_split_sums: str = "norm", decode_swiglu: str = "rows") -> None:
+                 decode_split_sums: str = "norm", decode_swiglu: str = "gemm") -> None:
         self.model, self.states, self.kv, self.device, self.stream = model, states, kv, device, stream
         self.metadata, self.fences, self.events = metadata, fences, instrumentation
         self.track_writer = track_writer  # False: the fault track_writer=off (the op never writes snapshots)

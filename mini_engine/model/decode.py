@@ -23,7 +23,8 @@ straight on the pools, in a fixed number of launches per layer whatever the batc
   left there: one row instead of up to 64, the same bits. (The recurrent rule, not the chunked
   one: the same value to rounding, at one program per sequence and head whatever the chunk's fill.)
   ``DecodeModel(gdn="fused")`` runs the conv, the replay and the output norm as one launch per layer
-  (``decode_rows.gdn_step``: whole-head state tiles) instead of three.
+  (``decode_rows.gdn_step``: whole-head state tiles) instead of three; ``gdn="two"`` the replay and the norm as
+  one (each value head's norm made by the last of its V tiles' programs to finish), the same bits as three.
 - attention: the new K/V written into the pages of the *resident* page table the caller passes
   (what the device holds, stale or not) by the launch that norms and rotates them (``qk_norm_rope``),
   then paged decode attention over those pages, its output gate applied as it stores.
@@ -113,7 +114,7 @@ class DecodeModel:
     model's weight dtype and on its device, shared with the Triton prefill)."""
 
     def __init__(self, model, *, gemm: str = "cublas", gdn: str = "split", pdl: bool = False,
-                 gemm_table: dict | None = None, split_sums: str = "norm", swiglu: str = "rows") -> None:
+                 gemm_table: dict | None = None, split_sums: str = "norm", swiglu: str = "gemm") -> None:
         if gemm not in DECODE_GEMMS:
             raise ValueError(f"gemm must be one of {DECODE_GEMMS}; got {gemm!r}")
         if split_sums not in SPLIT_SUMS:
@@ -125,7 +126,7 @@ class DecodeModel:
         if gdn not in GDN_STEPS:
             raise ValueError(f"gdn must be one of {GDN_STEPS}; got {gdn!r}")
         self.model = model
-        self.gdn = gdn  # a GDN layer between its projections: three launches ("split") or one (``gdn_step``)
+        self.gdn = gdn  # a GDN layer between its projections: three launches ("split"), two ("two") or one ("fused")
         self.pdl = pdl  # the step's Triton kernels as programmatic dependent launches (``ops.pdl``; sm_90 on)
         self.split_sums = split_sums  # who adds a split gemm's K parts that the residual's norm reads (``delta``)
         self.swiglu = swiglu  # where the MLP's SiLU(gate) * up runs (``mlp``)
@@ -370,10 +371,14 @@ def _linear_attention(dm: DecodeModel, gdn, in_proj: torch.Tensor, h: torch.Tens
                         head_dims=(gdn.dk, gdn.dv), pending_pool=pending, pending_slots=step.pending_slots,
                         pending_rows=step.pending_rows)
     # (the kernel reads the slot's rows before the new one: the row just stored is past them)
-    core = pending_replay_decode_triton(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer],
-                                        slots=step.slots, rows=step.rows, heads=(gdn.hk, gdn.hv), **running)
-    gated = row_ops.gated_rms_norm(core=core, z=z, weight=gdn.norm.weight, eps=gdn.norm.eps, rows=h.shape[0],
-                                out_dtype=gdn.out_proj.weight.dtype)
+    replay = dict(new_rows=row, pending_pool=pending, rec_pool=pools.rec[:, layer], slots=step.slots, rows=step.rows,
+                  heads=(gdn.hk, gdn.hv), **running)
+    if dm.gdn == "two":  # the output norm in the replay's launch
+        gated = pending_replay_decode_triton(**replay, z=z, norm_weight=gdn.norm.weight, eps=gdn.norm.eps,
+                                             out_rows=h.shape[0], out_dtype=gdn.out_proj.weight.dtype)
+    else:
+        gated = row_ops.gated_rms_norm(core=pending_replay_decode_triton(**replay), z=z, weight=gdn.norm.weight,
+                                       eps=gdn.norm.eps, rows=h.shape[0], out_dtype=gdn.out_proj.weight.dtype)
     return dm.delta(gated, gdn.out_proj.weight, n)
 
 

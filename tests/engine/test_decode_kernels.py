@@ -136,7 +136,7 @@ def test_triton_decode_writes_decode_crossed_snapshots(runs):
 
 
 @pytest.mark.parametrize(("name", "allowed"), [("decode_gemm", "'cublas', 'triton', 'auto', 'tuned'"),
-                                               ("decode_gdn", "'split', 'fused'"),
+                                               ("decode_gdn", "'split', 'fused', 'two'"),
                                                ("decode_split_sums", "'norm', 'gemm'"),
                                                ("decode_swiglu", "'rows', 'gemm'"),
                                                ("state_digests", "'tracked', 'readback'")])

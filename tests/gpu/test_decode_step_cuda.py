@@ -165,16 +165,18 @@ def test_silu_mul_in_the_gate_up_gemms_launch_on_the_gpu(dependent):
                       config=config, dependent=dependent)
 
 
-def test_the_one_launch_gdn_step_agrees_with_the_split_steps_on_the_gpu():
+def test_the_one_and_two_launch_gdn_steps_agree_with_the_split_steps_on_the_gpu():
     """Each GDN layer's conv, replay and norm in one launch (whole-head tiles): the split steps' logits and pools to
-    rounding over four steps (chunk completions, running copies), and the one-launch kernel against its chain."""
+    rounding over four steps (chunk completions, running copies), and the one-launch kernel against its chain; the
+    replay and norm in one launch (the norm by each head's last V tile): bit for bit, in the step and alone."""
     import torch
 
-    from tests.unit.gdn_step_support import check_gdn_step, check_memo_per_step
+    from tests.unit.gdn_step_support import check_gdn_step, check_memo_per_step, check_replay_norm
 
-    spec.check_gdn_step_variants(build_builtin("tiny-random").cuda(), CudaDevice(), exact=False, steps=4)
+    spec.check_gdn_step_variants(build_builtin("tiny-random").cuda(), CudaDevice(), exact=("two",), steps=4)
     for heads, dims in (((2, 4), (16, 32)), ((16, 16), (128, 128))):  # the tiny model's GQA, Qwen3.5-0.8B's heads
         check_gdn_step(heads=heads, head_dims=dims, dtype=torch.bfloat16, device="cuda", exact=False)
+        check_replay_norm(heads=heads, head_dims=dims, dtype=torch.bfloat16, device="cuda")  # the same bits
     check_memo_per_step(device="cuda")
 
 

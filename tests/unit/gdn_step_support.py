@@ -91,6 +91,38 @@ def run_chain(case: Case, args: dict, out_dtype) -> torch.Tensor:
     return gated_rms_norm(core=core, z=z, weight=w["norm_weight"], eps=w["eps"], rows=OUT_ROWS, out_dtype=out_dtype)
 
 
+def run_two(case: Case, args: dict, out_dtype, config=None) -> torch.Tensor:
+    """The chain in two launches: ``conv_gdn_rows``, then the replay with the output norm in its launch."""
+    w, rows = case.weights, dict(args)
+    z, rec, run, run_rows, n_pending = (rows.pop(name) for name in ("z", "rec_pool", "run_pool", "run_rows", "rows"))
+    row = conv_gdn_rows(**rows, conv_weight=w["conv_weight"], A_log=w["A_log"], dt_bias=w["dt_bias"],
+                        heads=case.heads, head_dims=case.head_dims)
+    return pending_replay_decode_triton(new_rows=row, pending_pool=args["pending_pool"], rec_pool=rec,
+                                        slots=args["slots"], rows=n_pending, heads=case.heads, run_pool=run,
+                                        run_rows=run_rows, config=config, z=z, norm_weight=w["norm_weight"],
+                                        eps=w["eps"], out_rows=OUT_ROWS, out_dtype=out_dtype)
+
+
+def check_replay_norm(*, heads, head_dims, dtype, device, config=None) -> None:
+    """Two steps in a row with the output norm in the replay's launch (``pending_replay_decode_triton(z=...)``, made
+    by each value head's last V tile to finish; ``config``: its V tile) against the three launches: the output and
+    every pool bit for bit (the norm's own arithmetic on the same stored output, on a GPU too), padding rows zero,
+    and the heads' counters back at zero."""
+    from mini_engine.ops.counters import counters
+
+    out_dtype = torch.float32 if dtype == torch.float32 else dtype
+    two, chain = (gdn_case(heads=heads, head_dims=head_dims, device=device) for _ in range(2))
+    for step in range(2):
+        pending = tuple((n + step) % 64 for n in PENDING)
+        got = run_two(two, step_args(two, pending, dtype, device, seed=20 + step), out_dtype, config)
+        want = run_chain(chain, step_args(chain, pending, dtype, device, seed=20 + step), out_dtype)
+        assert got.dtype == out_dtype and got.shape == want.shape and not got[len(SLOTS):].any()
+        assert torch.equal(got, want), f"step {step}: output"
+        for name, t in two.pools.items():
+            assert torch.equal(t, chain.pools[name]), f"step {step}: {name}"
+    assert not counters(1, device).any(), "a head's counter was left set"
+
+
 def check_gdn_step(*, heads, head_dims, dtype, device, exact: bool) -> None:
     """Two steps in a row (the second follows the first's running copies): ``gdn_step``'s output and every pool
     against the chain's, bit for bit (``exact``: the interpreter) or within the dtype's tolerance (a GPU, where a

@@ -6,8 +6,9 @@ kernels and the compiler's cannot share one):
 
 - ``record FILE`` (TRITON_INTERPRET=1): runs the paths on a two-layer model of the 0.8B shape (its head
   sizes decide the kernels' block sizes), in float32 and with bfloat16 projections: the Triton forward,
-  decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration, the GDN layer
-  in three launches and in one; every kernel of a step as a programmatic dependent launch), the
+  decode steps (whole and split attention, cuBLAS and Triton gemms, every gemm configuration and the gate | up
+  gemm with the MLP's activation, the GDN layer in three launches, two and one; every kernel of a step as a
+  programmatic dependent launch), the
   gated delta rule's walk in every configuration a GPU may pick (float32 and bf16 inputs), the conv,
   KV, checksum (slots and the logits check) and slot-copy kernels. Launches are recorded,
   not run (their outputs are never read), and written with their argument types, constexpr values and
@@ -94,6 +95,7 @@ def record(path: str) -> None:
 
 
 def _exercise() -> None:
+    from mini_engine.constants import GDN_STEPS
     from mini_engine.device.sim import SimDevice
     from mini_engine.engine.storage import KVStorage, StateStorage
     from mini_engine.model import HybridModel
@@ -129,8 +131,9 @@ def _exercise() -> None:
             table = torch.arange(1, 1 + 2 * pages, dtype=torch.int32).reshape(2, pages)
             for name in ("cublas", "triton"):
                 decode_step(DecodeModel(model, gemm=name), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
-            decode_step(DecodeModel(model, gdn="fused"), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
-            for gdn in ("split", "fused"):  # every kernel of the step as a dependent launch (recorded, not run)
+            for gdn in ("fused", "two"):
+                decode_step(DecodeModel(model, gdn=gdn), pools, torch.tensor([3, 4]), [1, 2], [5, 63], table)
+            for gdn in GDN_STEPS:  # every kernel of the step as a dependent launch (recorded, not run)
                 decode_step(DecodeModel(model, gemm="triton", gdn=gdn, pdl=True), pools, torch.tensor([3, 4]), [1, 2],
                             [5, 63], table)
         if dtype == torch.bfloat16:
@@ -138,6 +141,9 @@ def _exercise() -> None:
             x = torch.zeros(64, weight.shape[1], dtype=dtype)
             for choice in gemm.configs(*weight.shape):
                 gemm.linear(x, weight, rows=1, config=choice)
+            gate_up = model.model.layers[0].mlp.gate_up.weight()  # the MLP's activation in its gemm's epilogue
+            gemm.swiglu(torch.zeros(64, gate_up.shape[1], dtype=dtype), gate_up, rows=1, block=32, out_dtype=dtype,
+                        config=gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True))
             # the swapped tile as a programmatic dependent launch (decode_gemms.py's "pdl"; recorded, not run:
             # the interpreter has no griddepcontrol)
             gemm.linear(x, weight, rows=1, config=gemm.GemmConfig(64, 256, swap=True, tma=True, pdl=True))

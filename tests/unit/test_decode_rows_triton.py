@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mini_engine.ops import decode_rows as reference
+from mini_engine.ops.counters import counters
 from mini_engine.ops.decode_rows import gdn_prepare as gdn_kernels
 from mini_engine.ops.decode_rows import gemm
 from mini_engine.ops.decode_rows import triton as kernels
@@ -271,7 +272,7 @@ def test_a_fused_sum_gives_the_two_launch_splits_bits():
         two = gemm.GemmConfig(64, 16, split_k=4, swap=True, tma=tma)
         got = gemm.linear(x, weight, rows=18, config=two._replace(fused_sum=True))
         assert torch.equal(got, gemm.linear(x, weight, rows=18, config=two)) and not got[18:].any(), tma
-        assert not gemm._counters(1, x.device).any(), "a tile counter was left set"
+        assert not counters(1, x.device).any(), "a tile counter was left set"
     with pytest.raises(ValueError, match="needs swap=True and split_k > 1"):
         gemm.linear(x, weight, rows=18, config=gemm.GemmConfig(64, 16, swap=True, fused_sum=True))
 

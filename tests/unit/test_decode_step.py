@@ -16,7 +16,7 @@ from mini_engine.engine.storage import KVStorage, StateStorage
 from mini_engine.model.decode import SINK, DecodeModel, Pools, decode_step
 
 PAGE = 4
-LENGTHS = (5, 63, 127, 64, 1, 300)  # 63 and 127 complete a chunk with this token; 300 needs two attention splits
+LENGTHS = (5, 63, 127, 64, 1, 300)  # 63 and 127 complete a chunk with this token; 300 needs five attention splits
 SLOTS = (3, 1, 6, 2, 5, 7)
 ALONE = 0  # the sequence also decoded alone, on a copy of the pools
 
@@ -200,22 +200,48 @@ def _decoded(model, device, decoder: DecodeModel, steps: int) -> tuple[list[torc
     return logits, pools
 
 
-def check_gdn_step_variants(model, device, *, exact: bool, steps: int = 2) -> None:
+def check_gdn_step_variants(model, device, *, exact: tuple[str, ...], steps: int = 2) -> None:
     """``steps`` decode steps with each GDN layer's conv, replay and norm in one launch (``DecodeModel(gdn="fused")``)
-    against the three launches: the logits and every pool (running copies and their counts too) bit for bit
-    (``exact``) or to rounding (a GPU), through chunk completions and running copies."""
-    (want, want_pools), (got, got_pools) = (_decoded(model, device, DecodeModel(model, gdn=gdn), steps)
-                                            for gdn in GDN_STEPS)
+    and with the replay and norm in one ("two") against the three launches ("split"): the logits and every pool
+    (running copies and their counts too) bit for bit for the variants in ``exact``, to rounding for the others (the
+    fused step on a GPU), through chunk completions and running copies."""
+    want, want_pools = _decoded(model, device, DecodeModel(model, gdn="split"), steps)
+    for gdn in GDN_STEPS[1:]:
+        got, got_pools = _decoded(model, device, DecodeModel(model, gdn=gdn), steps)
+        for step, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b) if gdn in exact else torch.allclose(a, b, rtol=1e-3, atol=1e-4), (gdn, step)
+        for name, a, b in zip(Pools._fields, got_pools, want_pools):
+            same = torch.equal(a[1:], b[1:]) if gdn in exact or not a.is_floating_point() else \
+                torch.allclose(a[1:], b[1:], rtol=1e-4, atol=1e-5)
+            assert same, (gdn, name)  # slot/page 0 is the sink
+
+
+def test_the_gdn_steps_in_one_or_two_launches_give_the_split_steps_bits(two_layer_model):
+    check_gdn_step_variants(two_layer_model, SimDevice(), exact=("fused", "two"))
+
+
+def _spied(model, device, decoder: DecodeModel, steps: int, name: str, seen) -> tuple[list, Pools, list]:
+    """``_decoded`` with the decode step's row kernel ``name`` spied on: each call's ``seen(**kwargs)`` noted."""
+    from mini_engine.ops.decode_rows import triton as row_ops
+
+    kernel, noted = getattr(row_ops, name), []
+
+    def spy(**kwargs):
+        noted.append(seen(**kwargs))
+        return kernel(**kwargs)
+
+    setattr(row_ops, name, spy)
+    try:
+        return (*_decoded(model, device, decoder, steps), noted)
+    finally:
+        setattr(row_ops, name, kernel)
+
+
+def _same_bits(got: list, got_pools: Pools, want: list, want_pools: Pools) -> None:
     for step, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-3, atol=1e-4), f"step {step}"
+        assert torch.equal(a, b), f"step {step}"
     for name, a, b in zip(Pools._fields, got_pools, want_pools):
-        same = torch.equal(a[1:], b[1:]) if exact or not a.is_floating_point() else \
-            torch.allclose(a[1:], b[1:], rtol=1e-4, atol=1e-5)
-        assert same, name  # slot/page 0 is the sink
-
-
-def test_the_one_launch_gdn_step_gives_the_split_steps_bits(two_layer_model):
-    check_gdn_step_variants(two_layer_model, SimDevice(), exact=True)
+        assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink: what lands there is nobody's (and races)
 
 
 def check_split_sums(model, device, *, steps: int = 2, down=None, dependent: bool = False) -> None:
@@ -229,31 +255,19 @@ def check_split_sums(model, device, *, steps: int = 2, down=None, dependent: boo
 
     splits = {"mixer": gemm.GemmConfig(16, 16, split_k=2),
               "down": down or gemm.GemmConfig(64, 32, split_k=4, swap=True)}
-    norm, runs = row_ops.add_rms_norm, []
+    runs = []
     for sums in ("norm", "gemm"):
         decoder = DecodeModel(model, gemm="triton", split_sums=sums, pdl=dependent)
         deltas = decoder.deltas()  # per layer its mixer's output projection, then its down projection
         for weight, config in zip(deltas, [splits["mixer"], splits["down"]] * (len(deltas) // 2)):
             decoder._gemms[id(weight)] = config
-        handed = []
-
-        def spy(*, delta, handed=handed, **kwargs):
-            handed.append(isinstance(delta, row_ops.Parts))
-            return norm(delta=delta, **kwargs)
-
-        row_ops.add_rms_norm = spy
-        try:
-            runs.append((*_decoded(model, device, decoder, steps), handed))
-        finally:
-            row_ops.add_rms_norm = norm
+        runs.append(_spied(model, device, decoder, steps, "add_rms_norm",
+                           lambda *, delta, **_: isinstance(delta, row_ops.Parts)))
     (got, got_pools, parts), (want, want_pools, summed) = runs
     layers = len(model.model.layers)
     assert parts == ([False] + [True, True] * layers) * steps, "every mixer and down projection's parts to the norm"
     assert not any(summed)
-    for step, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b), f"step {step}"
-    for name, a, b in zip(Pools._fields, got_pools, want_pools):
-        assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink: what lands there is nobody's (and races)
+    _same_bits(got, got_pools, want, want_pools)
 
 
 def test_a_split_gemms_parts_added_by_the_norm_give_the_second_launchs_bits(two_layer_model):
@@ -266,32 +280,18 @@ def check_swiglu(model, device, *, steps: int = 2, config=None, dependent: bool 
     ``silu_mul``'s ("rows"), the step's kernels as dependent launches or not: the logits and every pool bit for bit,
     and ``silu_mul`` launched by "rows" alone, once a layer and step."""
     from mini_engine.ops.decode_rows import gemm
-    from mini_engine.ops.decode_rows import triton as row_ops
 
     config = config or gemm.GemmConfig(64, 32, swap=True)
-    silu_mul, runs = row_ops.silu_mul, []
+    runs = []
     for swiglu in ("gemm", "rows"):
         decoder = DecodeModel(model, gemm="triton", swiglu=swiglu, pdl=dependent)
         for weights in decoder.layers:
             assert weights.block == 32 and gemm.fuses_swiglu(config, weights.gate_up, weights.block)
             decoder._gemms[id(weights.gate_up)] = config
-        launched = []
-
-        def spy(launched=launched, **kwargs):
-            launched.append(kwargs["gate_up"].shape)
-            return silu_mul(**kwargs)
-
-        row_ops.silu_mul = spy
-        try:
-            runs.append((*_decoded(model, device, decoder, steps), launched))
-        finally:
-            row_ops.silu_mul = silu_mul
+        runs.append(_spied(model, device, decoder, steps, "silu_mul", lambda **_: True))
     (got, got_pools, fused), (want, want_pools, launched) = runs
     assert not fused and len(launched) == len(model.model.layers) * steps
-    for step, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b), f"step {step}"
-    for name, a, b in zip(Pools._fields, got_pools, want_pools):
-        assert torch.equal(a[1:], b[1:]), name  # slot/page 0 is the sink
+    _same_bits(got, got_pools, want, want_pools)
 
 
 def test_silu_mul_in_the_gate_up_gemms_launch_gives_its_own_launchs_bits(two_layer_model):

@@ -109,7 +109,8 @@ def test_a_decode_step_compiles_one_specialisation_per_launch_site_whatever_the_
     states = StateStorage(config, 20, SimDevice(), running=True)
     kv = KVStorage(config, 80, 16, SimDevice())
     pools = Pools(states.conv, states.rec, states.pending, kv.keys, kv.values, states.run, states.run_rows)
-    for decoder in (DecodeModel(model), DecodeModel(model, gdn="fused"), DecodeModel(model, gemm="triton")):
+    for decoder in (DecodeModel(model), DecodeModel(model, gdn="fused"), DecodeModel(model, gdn="two"),
+                    DecodeModel(model, gemm="triton")):
         for size in (1, 2, 3, 16, 17):
             launches.label = f"batch {size}"
             table = torch.arange(1, 1 + size * 4, dtype=torch.int32).reshape(size, 4)

@@ -38,15 +38,20 @@ from mini_engine.ops.precision import dot_precision
 __all__ = ["DECODE_TILE", "DecodeTile", "paged_decode_attention", "paged_prefill_attention", "write_kv_pages"]
 
 BLOCK_N = 64  # keys per tile: the reference's TILE
-DEFAULT_KEYS_PER_SPLIT = 256
+# The decode's split and tile, ranked inside the engine's own batch-1 step (``decode_anatomy.py --attention-tiles``,
+# the 0.8B shape in bfloat16 on an H100, session 34): a split of 64 keys walked as one tile of 64 by 8 warps took the
+# step from 1235.5 to 1160.6 us over contexts of 68-371 tokens (attention alone: 154 us -> 79), where 256-key splits
+# walked in tiles of 32 by 4 warps in 2 stages (sessions 3-33) spent a program's time on its split's serial walk;
+# ``gpu_engine.py`` at batch 1 (contexts 64-104): 836.2, 839.8 -> 849.5, 852.7 tok/s (ABBA processes).
+DEFAULT_KEYS_PER_SPLIT = 64
 
 
 class DecodeTile(NamedTuple):
     """The decode kernel's launch: keys per tile ([block_k, D] of k and of v per step), warps, pipeline stages."""
 
-    block_k: int = 32  # no spill at D = 256 in fp32 with 4 warps
-    num_warps: int = 4
-    num_stages: int = 2
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 1
 
 
 DECODE_TILE = DecodeTile()

@@ -62,6 +62,7 @@ import triton.language as tl
 
 from mini_engine.ops import invariant as inv
 from mini_engine.ops import pdl
+from mini_engine.ops.counters import counters as tile_counters
 from mini_engine.ops.decode_rows.triton import Parts, silu_times
 
 __all__ = ["BLOCK_M", "GemmConfig", "choose", "configs", "fuses_swiglu", "graph_microseconds", "linear", "past_l2",
@@ -317,7 +318,7 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, rows: int, config: GemmConfig, 
             w = weight
         # a dependent launch by its configuration or inside the decode step's ``pdl.launches(True)``
         dependent = pdl.options(always=config.pdl)
-        counters = _counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
+        counters = tile_counters(grid[0] * grid[1], x.device) if config.fused_sum else parts
         _swapped_kernel[grid](x, w, weight, parts, rows, *shared, out, counters, TMA=config.tma, SPLIT=split,
                               FUSED_SUM=config.fused_sum, PREFETCH=config.prefetch, SWIGLU=act_dtype is not None,
                               **blocks, **dependent)
@@ -330,19 +331,6 @@ def _gemm(x: torch.Tensor, weight: torch.Tensor, rows: int, config: GemmConfig, 
         _sum_parts_kernel[(padded, triton.cdiv(n_out, block))](parts, out, n_out, parts.stride(0), n_out,
                                                              SPLIT=split, BLOCK=block, **pdl.options())
     return out
-
-
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # per device, every tile-counter buffer ever made
-
-
-def _counters(tiles: int, device: torch.device) -> torch.Tensor:
-    """A buffer of at least ``tiles`` int32 tile counters on ``device``, zero at rest (each fused-sum launch sets its
-    counters back). Kept for the process and never freed: a captured CUDA graph holds its address. Launches on one
-    stream share it (they run one after another); two streams running fused-sum gemms at once would need two."""
-    kept = _COUNTERS.setdefault(device, [])
-    if not kept or kept[-1].numel() < tiles:
-        kept.append(torch.zeros(max(tiles, 1 << 16), dtype=torch.int32, device=device))
-    return kept[-1]
 
 
 _CHOSEN: dict[tuple, GemmConfig | None] = {}  # (shape, dtype, device) -> choice: once per process

@@ -21,6 +21,8 @@ import triton.language as tl
 
 from mini_engine.device import upload
 from mini_engine.ops import pdl
+from mini_engine.ops.counters import counters
+from mini_engine.ops.decode_rows.triton import _gated_norm
 from mini_engine.ops.gated_delta_rule.launch import LaunchConfig, check_head_sizes, check_pool, check_running, v_tiles
 from mini_engine.ops.gated_delta_rule.reference import CHUNK
 
@@ -108,11 +110,16 @@ def _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN: tl.constexpr)
         tl.store(run_rows + slot * run_rows_stride + (n_pending + 1) % 2, tl.where(n_pending == 63, -1, n_pending + 1))
 
 
-@triton.jit(do_not_specialize_on_alignment=["run_rows"])  # one layer's rows at an offset of the layer
+# one compile for every batch; run_rows: one layer's rows, at an offset of the layer
+@triton.jit(do_not_specialize=["n_seq", "out_rows"], do_not_specialize_on_alignment=["run_rows"])
 def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot_stride, run, run_rows,
-                           run_rows_stride, slots, rows, out, scale, HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH,
+                           run_rows_stride, slots, rows, out, scale, HK, HV, KEY_DIM, VALUE_DIM, ROW_WIDTH, n_seq,
+                           out_rows, z, z_stride, norm_weight, gated, gated_stride, eps, counters,
                            K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_RUN: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           NORM: tl.constexpr = False, PDL: tl.constexpr = False):
+    """Program (V tile, row, value head). NORM: each head's last program to store its tile applies the head's gated
+    norm (``_norm_head``), and each program zeros its columns of the gated output's padding rows b + n_seq,
+    b + 2 n_seq, ... below ``out_rows`` (no program of its own a padding row: the step's grid stays the batch's)."""
     pdl.begin(PDL)
     vt, b, h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     cols = vt * BV + tl.arange(0, BV)
@@ -124,6 +131,30 @@ def _pending_replay_kernel(new_rows, pending, pending_slot_stride, rec, rec_slot
                      HAS_RUN)
     tl.store(out + (b * HV + h) * V + cols, o.to(out.dtype.element_ty))
     _mark_run(run_rows, run_rows_stride, slot, n_pending, HAS_RUN)
+    if NORM:
+        for pad in range(b + n_seq, out_rows, n_seq):
+            tl.store(gated + pad * gated_stride + h * V + cols, tl.zeros([BV], gated.dtype.element_ty))
+        _norm_head(out + (b * HV + h) * V, z + b * z_stride + h * V, norm_weight, gated + b * gated_stride + h * V,
+                   eps, counters + b * HV + h, V, V // BV)
+
+
+@triton.jit
+def _norm_head(core, z, weight, gated, eps, counter, V: tl.constexpr, TILES: tl.constexpr):
+    """A value head's ``gated_rms_norm`` (its arithmetic, on the head's output as stored), made by whichever of the
+    head's TILES programs counts in last on its counter (``ops.counters``), which it then sets back to zero."""
+    if TILES > 1:
+        tl.debug_barrier()  # every thread's part of the tile stored before the count that publishes it
+        last = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == TILES - 1
+    else:
+        last = True
+    if last:
+        d = tl.arange(0, V)
+        c = tl.load(core + d, cache_modifier=".cg").to(tl.float32)
+        gate = tl.load(z + d).to(tl.float32)
+        w = tl.load(weight + d).to(tl.float32)
+        tl.store(gated + d, _gated_norm(c, gate, w, eps, V).to(gated.dtype.element_ty))
+        if TILES > 1:
+            tl.atomic_xchg(counter, 0)
 
 
 def fused_recurrent_gated_delta_rule_triton(
@@ -181,7 +212,8 @@ def check_replay(pending_pool, rec_pool, slots, rows, heads: tuple[int, int], n_
 
 def pending_replay_decode_triton(
     *, new_rows, pending_pool, rec_pool, slots, rows, heads: tuple[int, int], run_pool=None, run_rows=None,
-    scale: float | None = None, config: LaunchConfig | None = None,
+    scale: float | None = None, config: LaunchConfig | None = None, z=None, norm_weight=None, eps: float | None = None,
+    out_rows: int | None = None, out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """One decode step on chunk-exact slots (``mini_engine.model.state``): returns the output [B, Hv, V].
 
@@ -202,6 +234,11 @@ def pending_replay_decode_triton(
     wrote the slot) replays. (Two entries, so that a step never reads the count its own programs write.) Both
     paths give the same bits, so a stale count costs a replay and never a wrong state; a slot written
     by anything else must have its ``run_rows`` set to -1 (``StateStorage`` does).
+
+    With ``z`` [>= B, Hv * V] (any row stride), ``norm_weight`` [V], ``eps``, ``out_rows`` (>= B) and ``out_dtype``
+    the same launch also applies the layer's output norm: returns ``gated_rms_norm(core=out, z=z, weight=norm_weight,
+    eps=eps, rows=out_rows, out_dtype=out_dtype)``'s bits [out_rows, Hv * V], made per value head by the last of its
+    V tiles' programs to finish (``ops.counters``), the rows past B zero (written by the batch's programs).
     """
     hk, hv = heads
     n_seq, width = new_rows.shape
@@ -211,12 +248,29 @@ def pending_replay_decode_triton(
     scale = k_dim**-0.5 if scale is None else scale
     config = config or LaunchConfig(block_v=min(32, v_dim), num_stages=1)
     has_run = check_running(rec_pool, run_pool, run_rows)
+    normed = z is not None
+    if normed and (out_rows is None or out_rows < n_seq or out_dtype is None or eps is None or z.dim() != 2
+                   or z.shape[0] < out_rows or z.shape[1] != hv * v_dim or z.stride(1) != 1
+                   or norm_weight is None or tuple(norm_weight.shape) != (v_dim,)):
+        raise ValueError(f"the output norm needs z [>= out_rows, {hv * v_dim}] with contiguous columns, norm_weight "
+                         f"[{v_dim}], eps, out_rows >= {n_seq} and out_dtype; got z {tuple(z.shape)} strides "
+                         f"{z.stride()}, norm_weight {None if norm_weight is None else tuple(norm_weight.shape)}, "
+                         f"eps={eps}, out_rows={out_rows}, out_dtype={out_dtype}")
+    if not normed and any(a is not None for a in (norm_weight, eps, out_rows, out_dtype)):
+        raise ValueError("norm_weight, eps, out_rows and out_dtype go with z (the output norm): pass them with it")
     out = new_rows.new_empty(n_seq, hv, v_dim)
+    if normed:  # (no live row to write the padding rows' zeros: they are the whole output)
+        gated = new_rows.new_empty(out_rows, hv * v_dim, dtype=out_dtype) if n_seq else \
+            new_rows.new_zeros(out_rows, hv * v_dim, dtype=out_dtype)
+        norm_args = (out_rows, z, z.stride(0), norm_weight, gated, gated.stride(0), eps,
+                     counters(n_seq * hv, out.device))
+    else:
+        gated, norm_args = out, (n_seq, out, 0, out, out, 0, 0.0, out)  # (unread without the norm)
     if n_seq:
         _pending_replay_kernel[(v_tiles(config, v_dim), n_seq, hv)](
             new_rows, pending_pool, pending_pool.stride(0), rec_pool, rec_pool.stride(0),
             run_pool if has_run else rec_pool, run_rows if has_run else rows, run_rows.stride(0) if has_run else 0,
             slots, rows, out, scale,
-            hk, hv, hk * k_dim, hv * v_dim, width, K=k_dim, V=v_dim, BV=config.block_v, HAS_RUN=has_run,
-            num_warps=config.num_warps, num_stages=config.num_stages, **pdl.options())
-    return out
+            hk, hv, hk * k_dim, hv * v_dim, width, n_seq, *norm_args, K=k_dim, V=v_dim, BV=config.block_v,
+            HAS_RUN=has_run, NORM=normed, num_warps=config.num_warps, num_stages=config.num_stages, **pdl.options())
+    return gated
