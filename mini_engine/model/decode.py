@@ -179,7 +179,6 @@ class DecodeModel:
             return inv.linear(x, weight)
         return gemm_ops.linear(x, weight, rows=rows, config=config, unsummed=self.split_sums == "norm")
 
-
     def mlp(self, x: torch.Tensor, weights: _LayerWeights, rows: int, out_dtype: torch.dtype) -> torch.Tensor:
         """SiLU(gate) * up of the step's padded rows (``rows`` live) for the down projection, in ``out_dtype``: the
         gate | up projection (``linear``) then ``silu_mul``'s launch, or with ``swiglu="gemm"`` the gemm's own launch

@@ -133,8 +133,8 @@ def _prefetch(weight, cols, N, k0, columns, w_stride):
 @triton.jit(do_not_specialize=["n_live"])
 def _swapped_kernel(x, w, weight, out, n_live, N, K_PART, x_stride, w_stride, out_stride, part_stride, final,
                     counters, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TMA: tl.constexpr,
-                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PREFETCH: tl.constexpr = 0, SWIGLU: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
+                    SPLIT: tl.constexpr, FUSED_SUM: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                    SWIGLU: tl.constexpr = False, PDL: tl.constexpr = False):
     """``_linear_kernel``'s tile with the operands swapped: the product's M side is the weight's BLOCK_N rows
     (a tensor-core tile as wide as the weight's, not the batch's 16 rows), its N side the 16 input rows. ``w``
     is the weight's pointer, or with TMA a tensor descriptor of [BLOCK_N, BLOCK_K] blocks (rows past N read as
@@ -223,8 +223,9 @@ def configs(n_out: int, n_in: int) -> list[GemmConfig]:
     swapped tile on 64 weight rows, by address and by descriptor (also as a dependent launch), over all of K and
     (narrow outputs) in 4 or 8 parts (8: for the decode step's mixer and down projections, whose parts the residual's
     norm adds in no launch of their own, so more programs stream the weight at no second launch's cost). Not the
-    dependent launch that asks for its weight early (``prefetch``): timed alone it wins, in the engine's step it loses (the module's docstring). (Narrower swapped tiles, 32 or 16 weight rows by
-    descriptor, ran 1.2-1.5x slower on an H100: session 12.)"""
+    dependent launch that asks for its weight early (``prefetch``): timed alone it wins, in the engine's step it
+    loses (the module's docstring). (Narrower swapped tiles, 32 or 16 weight rows by descriptor, ran 1.2-1.5x slower
+    on an H100: session 12.) The gate | up weight's tile of 64 rows also serves ``swiglu``."""
     block_ks = [b for b in (256, 128, 64, 32, 16) if n_in % b == 0][:2]
     if not block_ks:
         raise ValueError(f"linear needs in_features divisible by 16; got {n_in}")
@@ -267,9 +268,9 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, *, rows: int, config: GemmConf
     in the gemm's one launch, with its bits: [P, N / 2] in ``out_dtype``, rows past ``rows`` zero. ``weight``: the
     MLP's gate | up as ``FusedProjection(block=block)`` lays it out; ``config``: one that ``fuses_swiglu``."""
     if not fuses_swiglu(config, weight, block):
-        raise ValueError(f"swiglu applies SiLU(gate) * up in the swapped tile's epilogue: it needs swap=True, split_k=1 "
-                         f"and block_n = 2 * block dividing the weight's {weight.shape[0]} rows; got {config}, "
-                         f"block={block}")
+        raise ValueError(f"swiglu applies SiLU(gate) * up in the swapped tile's epilogue: it needs swap=True, "
+                         f"split_k=1 and block_n = 2 * block dividing the weight's {weight.shape[0]} rows; got "
+                         f"{config}, block={block}")
     return _gemm(x, weight, rows, config, act_dtype=out_dtype)
 
 
