@@ -79,28 +79,19 @@ def run_fused(case: Case, args: dict, out_dtype) -> torch.Tensor:
     return got
 
 
-def run_chain(case: Case, args: dict, out_dtype) -> torch.Tensor:
-    """The three launches ``gdn_step`` fuses, as the decode step ran them before."""
+def run_chain(case: Case, args: dict, out_dtype, *, norm_in_replay: bool = False, config=None) -> torch.Tensor:
+    """The three launches ``gdn_step`` fuses, as the decode step ran them before; with ``norm_in_replay`` two: the
+    output norm in the replay's launch (``config``: the replay's V tile)."""
     w, rows = case.weights, dict(args)
     z, rec, run, run_rows, n_pending = (rows.pop(name) for name in ("z", "rec_pool", "run_pool", "run_rows", "rows"))
     row = conv_gdn_rows(**rows, conv_weight=w["conv_weight"], A_log=w["A_log"], dt_bias=w["dt_bias"],
                         heads=case.heads, head_dims=case.head_dims)
-    core = pending_replay_decode_triton(new_rows=row, pending_pool=args["pending_pool"], rec_pool=rec,
-                                        slots=args["slots"], rows=n_pending, heads=case.heads, run_pool=run,
-                                        run_rows=run_rows)
-    return gated_rms_norm(core=core, z=z, weight=w["norm_weight"], eps=w["eps"], rows=OUT_ROWS, out_dtype=out_dtype)
-
-
-def run_two(case: Case, args: dict, out_dtype, config=None) -> torch.Tensor:
-    """The chain in two launches: ``conv_gdn_rows``, then the replay with the output norm in its launch."""
-    w, rows = case.weights, dict(args)
-    z, rec, run, run_rows, n_pending = (rows.pop(name) for name in ("z", "rec_pool", "run_pool", "run_rows", "rows"))
-    row = conv_gdn_rows(**rows, conv_weight=w["conv_weight"], A_log=w["A_log"], dt_bias=w["dt_bias"],
-                        heads=case.heads, head_dims=case.head_dims)
-    return pending_replay_decode_triton(new_rows=row, pending_pool=args["pending_pool"], rec_pool=rec,
-                                        slots=args["slots"], rows=n_pending, heads=case.heads, run_pool=run,
-                                        run_rows=run_rows, config=config, z=z, norm_weight=w["norm_weight"],
-                                        eps=w["eps"], out_rows=OUT_ROWS, out_dtype=out_dtype)
+    replay = dict(new_rows=row, pending_pool=args["pending_pool"], rec_pool=rec, slots=args["slots"], rows=n_pending,
+                  heads=case.heads, run_pool=run, run_rows=run_rows, config=config)
+    norm = dict(z=z, eps=w["eps"], out_dtype=out_dtype)
+    if norm_in_replay:
+        return pending_replay_decode_triton(**replay, **norm, norm_weight=w["norm_weight"], out_rows=OUT_ROWS)
+    return gated_rms_norm(core=pending_replay_decode_triton(**replay), **norm, weight=w["norm_weight"], rows=OUT_ROWS)
 
 
 def check_replay_norm(*, heads, head_dims, dtype, device, config=None) -> None:
@@ -114,7 +105,8 @@ def check_replay_norm(*, heads, head_dims, dtype, device, config=None) -> None:
     two, chain = (gdn_case(heads=heads, head_dims=head_dims, device=device) for _ in range(2))
     for step in range(2):
         pending = tuple((n + step) % 64 for n in PENDING)
-        got = run_two(two, step_args(two, pending, dtype, device, seed=20 + step), out_dtype, config)
+        got = run_chain(two, step_args(two, pending, dtype, device, seed=20 + step), out_dtype, norm_in_replay=True,
+                        config=config)
         want = run_chain(chain, step_args(chain, pending, dtype, device, seed=20 + step), out_dtype)
         assert got.dtype == out_dtype and got.shape == want.shape and not got[len(SLOTS):].any()
         assert torch.equal(got, want), f"step {step}: output"
